@@ -1,0 +1,274 @@
+//! The answers the layer gives itself, as `application/problem+json` (RFC 9457).
+//!
+//! | status | rejection | when |
+//! |---|---|---|
+//! | 400 | [`Rejection::MissingKey`], [`Rejection::InvalidKey`], [`Rejection::UnreadableBody`] | no usable key, or the body could not be read |
+//! | 409 | [`Rejection::InFlight`], [`Rejection::LeaseLost`] | the first attempt with this key is still running |
+//! | 413 | [`Rejection::BodyTooLarge`] | the body is over the limit; nothing was claimed |
+//! | 422 | [`Rejection::KeyReused`] | the key was first used for a different request |
+//! | 503 | [`Rejection::StoreUnavailable`] | the store could not be reached; the handler was not called |
+//!
+//! Every rejection is logged as a `tracing` event under the target `tower_idempotency`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+
+use crate::key::KeyError;
+
+/// Base of the `type` URIs: each rejection is documented under its anchor.
+const TYPE_BASE: &str =
+    "https://docs.rs/tower-idempotency/latest/tower_idempotency/error/enum.Rejection.html#variant.";
+
+/// Why the layer answered a request itself instead of calling the handler (or instead of the
+/// handler's answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// 400: the request has no idempotency key and the layer requires one.
+    MissingKey {
+        /// The header the key is read from.
+        header: String,
+    },
+    /// 400: the key header is present but unusable.
+    InvalidKey {
+        /// The header the key is read from.
+        header: String,
+        /// What is wrong with it.
+        reason: KeyError,
+    },
+    /// 400: the request body could not be read.
+    UnreadableBody,
+    /// 413: the body is larger than the layer buffers. Nothing was claimed.
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// 409: another attempt with this key is running.
+    InFlight {
+        /// When to retry: the time left on the running attempt's lease.
+        retry_after: Duration,
+    },
+    /// 409: transactional mode only. This attempt lost its lease to a retry while the handler ran,
+    /// so its work was rolled back.
+    LeaseLost {
+        /// When to retry.
+        retry_after: Duration,
+    },
+    /// 422: the key was first used with a different method, path or body.
+    KeyReused,
+    /// 503: the idempotency store could not be reached, so the handler was not called.
+    StoreUnavailable {
+        /// When to retry.
+        retry_after: Duration,
+    },
+}
+
+impl Rejection {
+    /// The status of the answer.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Rejection::MissingKey { .. }
+            | Rejection::InvalidKey { .. }
+            | Rejection::UnreadableBody => StatusCode::BAD_REQUEST,
+            Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejection::InFlight { .. } | Rejection::LeaseLost { .. } => StatusCode::CONFLICT,
+            Rejection::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Rejection::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// A short, fixed summary (the problem's `title`).
+    pub fn title(&self) -> &'static str {
+        match self {
+            Rejection::MissingKey { .. } => "Idempotency key missing",
+            Rejection::InvalidKey { .. } => "Idempotency key invalid",
+            Rejection::UnreadableBody => "Request body unreadable",
+            Rejection::BodyTooLarge { .. } => "Request body too large",
+            Rejection::InFlight { .. } => "Request in progress",
+            Rejection::LeaseLost { .. } => "Request superseded",
+            Rejection::KeyReused => "Idempotency key reused",
+            Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
+        }
+    }
+
+    /// What went wrong and what to do (the problem's `detail`).
+    pub fn detail(&self) -> String {
+        match self {
+            Rejection::MissingKey { header } => format!(
+                "this endpoint requires an `{header}` header; generate one unique key (for example a UUID) per operation and send the same key on every retry of it"
+            ),
+            Rejection::InvalidKey { header, reason } => format!(
+                "the `{header}` header is invalid: {reason}; send one key of 1 to 255 visible ASCII characters, bare or as a quoted string"
+            ),
+            Rejection::UnreadableBody => {
+                "the request body could not be read; send the request again".to_owned()
+            }
+            Rejection::BodyTooLarge { limit } => format!(
+                "the request body is larger than {limit} bytes, the most this endpoint accepts with an idempotency key; nothing was processed"
+            ),
+            Rejection::InFlight { retry_after } => format!(
+                "a request with this idempotency key is still being processed; retry after {} s to get its result",
+                retry_after_secs(*retry_after)
+            ),
+            Rejection::LeaseLost { retry_after } => format!(
+                "this attempt took too long and a retry with the same idempotency key took over; nothing was committed; retry after {} s to get the result",
+                retry_after_secs(*retry_after)
+            ),
+            Rejection::KeyReused => "this idempotency key was already used for a different request (method, path or body); use a new key for a new operation, or resend the original request unchanged".to_owned(),
+            Rejection::StoreUnavailable { retry_after } => format!(
+                "the request was not processed because idempotency could not be guaranteed right now; retry with the same key after {} s",
+                retry_after_secs(*retry_after)
+            ),
+        }
+    }
+
+    /// The problem's `type` URI, a link to this variant's documentation.
+    pub fn type_uri(&self) -> String {
+        let variant = match self {
+            Rejection::MissingKey { .. } => "MissingKey",
+            Rejection::InvalidKey { .. } => "InvalidKey",
+            Rejection::UnreadableBody => "UnreadableBody",
+            Rejection::BodyTooLarge { .. } => "BodyTooLarge",
+            Rejection::InFlight { .. } => "InFlight",
+            Rejection::LeaseLost { .. } => "LeaseLost",
+            Rejection::KeyReused => "KeyReused",
+            Rejection::StoreUnavailable { .. } => "StoreUnavailable",
+        };
+        format!("{TYPE_BASE}{variant}")
+    }
+
+    /// The `Retry-After` this answer carries, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Rejection::InFlight { retry_after }
+            | Rejection::LeaseLost { retry_after }
+            | Rejection::StoreUnavailable { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The `application/problem+json` response.
+    pub fn to_response(&self) -> Response<Full<Bytes>> {
+        let status = self.status();
+        let body = serde_json::json!({
+            "type": self.type_uri(),
+            "title": self.title(),
+            "status": status.as_u16(),
+            "detail": self.detail(),
+        });
+        let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(after) = self.retry_after() {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(after)),
+            );
+        }
+        tracing::debug!(
+            target: "tower_idempotency",
+            status = status.as_u16(),
+            title = self.title(),
+            "request answered by the idempotency layer"
+        );
+        response
+    }
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status(), self.detail())
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+/// Whole seconds, rounded up, at least 1 (RFC 9110 delta-seconds).
+pub(crate) fn retry_after_secs(d: Duration) -> u64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+#[cfg(feature = "axum")]
+impl axum_core::response::IntoResponse for Rejection {
+    fn into_response(self) -> axum_core::response::Response {
+        self.to_response().map(axum_core::body::Body::new)
+    }
+}
+
+/// Rejection of the [`IdempotencyKey`](crate::IdempotencyKey) and `IdempotencyTransaction`
+/// extractors when the request carries no such value: the handler is not behind the layer (or
+/// not behind a transactional one), or the method is not covered. It answers 500, since it is a
+/// wiring mistake in the server, not in the request.
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("no {what} in the request extensions: {hint}")]
+pub struct MissingExtension {
+    pub(crate) what: &'static str,
+    pub(crate) hint: &'static str,
+}
+
+#[cfg(feature = "axum")]
+impl axum_core::response::IntoResponse for MissingExtension {
+    fn into_response(self) -> axum_core::response::Response {
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": "Server misconfigured",
+            "status": 500,
+            "detail": self.to_string(),
+        });
+        tracing::error!(target: "tower_idempotency", "{self}");
+        let mut response =
+            axum_core::response::Response::new(axum_core::body::Body::from(body.to_string()));
+        *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_millis(29_500)), 30);
+    }
+
+    #[tokio::test]
+    async fn rejections_are_problem_json() {
+        let rejection = Rejection::InFlight {
+            retry_after: Duration::from_millis(2500),
+        };
+        let response = rejection.to_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert_eq!(response.headers()[header::RETRY_AFTER], "3");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["status"], 409);
+        assert_eq!(json["title"], "Request in progress");
+        assert!(json["detail"].as_str().unwrap().contains("retry after 3 s"));
+        assert!(json["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("#variant.InFlight"));
+    }
+}

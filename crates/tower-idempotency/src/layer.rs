@@ -1,0 +1,391 @@
+//! The [`Idempotency`] layer and its configuration.
+
+use std::{fmt, marker::PhantomData, sync::Arc, time::Duration};
+
+use http::{HeaderName, Method, StatusCode};
+use tower_layer::Layer;
+
+use crate::{
+    fingerprint::{DefaultFingerprint, FingerprintFn},
+    key::{AuthorizationScope, ScopeFn},
+    mode::{Mode, Standard},
+    record::{DefaultSavePolicy, SavePolicy},
+    service::IdempotencyService,
+    store::Store,
+    sweeper::Sweeper,
+};
+
+/// The header the key is read from by default: `Idempotency-Key`.
+pub const DEFAULT_HEADER_NAME: HeaderName = HeaderName::from_static("idempotency-key");
+/// The largest request body buffered by default: 1 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+/// How long a record is kept by default, counted from its claim: 24 hours.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// How long a claim stays valid without a heartbeat by default: 30 seconds.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The methods covered by default: POST and PATCH.
+pub const DEFAULT_METHODS: [Method; 2] = [Method::POST, Method::PATCH];
+/// In wait mode, the longest pause between two claims when the store's notification does not
+/// arrive (a store without notifications, or one that was missed).
+pub const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A [`tower::Layer`](tower_layer::Layer) that makes POST and PATCH requests idempotent through
+/// the `Idempotency-Key` header.
+///
+/// `St` is the [`Store`] the records live in; `M` is the mode: [`Standard`], or
+/// [`Transactional`](crate::Transactional) after [`transactional`](Idempotency::transactional).
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use tower_idempotency::Idempotency;
+///
+/// async fn create_order() -> &'static str { "created" }
+///
+/// let app: Router = Router::new()
+///     .route("/orders", post(create_order))
+///     .layer(Idempotency::memory());
+/// ```
+///
+/// # Defaults
+///
+/// | setting | default | setter |
+/// |---|---|---|
+/// | header | `Idempotency-Key` | [`with_header_name`](Self::with_header_name) |
+/// | key required | yes (400 when missing) | [`optional`](Self::optional) |
+/// | methods | POST, PATCH | [`with_methods`](Self::with_methods) |
+/// | body limit | 1 MiB (413 over it) | [`with_body_limit`](Self::with_body_limit) |
+/// | retention | 24 h | [`with_ttl`](Self::with_ttl) |
+/// | lease | 30 s, renewed every 10 s | [`with_lease`](Self::with_lease) |
+/// | scope | hash of `Authorization` | [`with_scope`](Self::with_scope) |
+/// | fingerprint | method, path+query, canonical body | [`with_fingerprint`](Self::with_fingerprint), [`with_fingerprint_headers`](Self::with_fingerprint_headers) |
+/// | saved responses | all but 408, 425, 429, 503 | [`with_save_policy`](Self::with_save_policy) |
+/// | duplicate while in flight | 409 + `Retry-After` | [`wait_for_in_flight`](Self::wait_for_in_flight) |
+/// | store down | 503 + `Retry-After` | [`fail_open`](Self::fail_open) |
+pub struct Idempotency<St, M = Standard> {
+    pub(crate) store: Arc<St>,
+    pub(crate) config: Arc<Config>,
+    mode: PhantomData<fn() -> M>,
+}
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) header: HeaderName,
+    pub(crate) required: bool,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) body_limit: usize,
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) scope: Arc<dyn ScopeFn>,
+    pub(crate) fingerprint: Arc<dyn FingerprintFn>,
+    pub(crate) save: Arc<dyn SavePolicy>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) fail_open: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            header: DEFAULT_HEADER_NAME,
+            required: true,
+            methods: DEFAULT_METHODS.to_vec(),
+            body_limit: DEFAULT_BODY_LIMIT,
+            ttl: DEFAULT_TTL,
+            lease: DEFAULT_LEASE,
+            scope: Arc::new(AuthorizationScope),
+            fingerprint: Arc::new(DefaultFingerprint::default()),
+            save: Arc::new(DefaultSavePolicy),
+            wait: None,
+            fail_open: false,
+        }
+    }
+}
+
+impl Config {
+    pub(crate) fn covers(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+
+    /// How often a running claim's lease is renewed: a third of the lease, so two renewals can be
+    /// lost before the lease lapses.
+    pub(crate) fn heartbeat(&self) -> Duration {
+        (self.lease / 3).max(Duration::from_millis(1))
+    }
+}
+
+impl<St: Store> Idempotency<St> {
+    /// A layer over `store` with the defaults listed above.
+    pub fn new(store: St) -> Self {
+        Self::from_shared(Arc::new(store))
+    }
+
+    /// A layer over a store shared with other code (for example a [`Sweeper`]).
+    pub fn from_shared(store: Arc<St>) -> Self {
+        Self {
+            store,
+            config: Arc::new(Config::default()),
+            mode: PhantomData,
+        }
+    }
+}
+
+#[cfg(feature = "memory")]
+impl Idempotency<crate::store::MemoryStore> {
+    /// A layer over a new in-process [`MemoryStore`](crate::store::MemoryStore).
+    ///
+    /// ```
+    /// let layer = tower_idempotency::Idempotency::memory();
+    /// # let _ = layer;
+    /// ```
+    pub fn memory() -> Self {
+        Self::new(crate::store::MemoryStore::new())
+    }
+}
+
+impl<St: Store, M> Idempotency<St, M> {
+    fn map_config(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<St> {
+        &self.store
+    }
+
+    /// Read the key from `header` instead of `Idempotency-Key`.
+    ///
+    /// ```
+    /// let layer = tower_idempotency::Idempotency::memory()
+    ///     .with_header_name(http::HeaderName::from_static("x-request-key"));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_header_name(self, header: HeaderName) -> Self {
+        self.map_config(|c| c.header = header)
+    }
+
+    /// Let requests without a key through untouched (by default they get 400).
+    ///
+    /// An invalid key is still refused with 400.
+    ///
+    /// ```
+    /// let layer = tower_idempotency::Idempotency::memory().optional();
+    /// # let _ = layer;
+    /// ```
+    pub fn optional(self) -> Self {
+        self.map_config(|c| c.required = false)
+    }
+
+    /// Cover these methods instead of POST and PATCH. Other methods pass through untouched.
+    ///
+    /// ```
+    /// use http::Method;
+    /// let layer = tower_idempotency::Idempotency::memory()
+    ///     .with_methods([Method::POST, Method::PUT, Method::PATCH, Method::DELETE]);
+    /// # let _ = layer;
+    /// ```
+    pub fn with_methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.map_config(|c| c.methods = methods)
+    }
+
+    /// Buffer request bodies up to `limit` bytes (default 1 MiB). A larger body gets 413 and
+    /// nothing is claimed.
+    ///
+    /// ```
+    /// let layer = tower_idempotency::Idempotency::memory().with_body_limit(64 * 1024);
+    /// # let _ = layer;
+    /// ```
+    pub fn with_body_limit(self, limit: usize) -> Self {
+        self.map_config(|c| c.body_limit = limit)
+    }
+
+    /// Keep records for `ttl` after their claim (default 24 h). A key can be reused for a
+    /// different request only after this.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let layer = tower_idempotency::Idempotency::memory().with_ttl(Duration::from_secs(3600));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_ttl(self, ttl: Duration) -> Self {
+        self.map_config(|c| c.ttl = ttl.max(Duration::from_millis(1)))
+    }
+
+    /// How long a claim stays valid without a heartbeat (default 30 s). The layer renews it every
+    /// `lease / 3` while the handler runs, so a slow handler is never taken over while it lives;
+    /// if its process dies, a retry can take the key over once the lease lapses.
+    ///
+    /// # Warning
+    ///
+    /// A lease shorter than a few round trips to the store risks a takeover of a live handler
+    /// whenever the store is slow: the work then runs twice (transactional mode rolls the loser
+    /// back). Keep it at seconds, not milliseconds, in production.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let layer = tower_idempotency::Idempotency::memory().with_lease(Duration::from_secs(10));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_lease(self, lease: Duration) -> Self {
+        self.map_config(|c| c.lease = lease.max(Duration::from_millis(3)))
+    }
+
+    /// Choose the scope keys are namespaced by (default: a hash of `Authorization`).
+    ///
+    /// # Warning
+    ///
+    /// A scope that does not identify the caller lets one caller replay another's response by
+    /// guessing its key.
+    ///
+    /// ```
+    /// use tower_idempotency::Scope;
+    /// let layer = tower_idempotency::Idempotency::memory().with_scope(|parts: &http::request::Parts| {
+    ///     Scope::new(parts.headers.get("x-tenant-id").map(|v| v.as_bytes()).unwrap_or_default())
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn with_scope(self, scope: impl ScopeFn) -> Self {
+        let scope = Arc::new(scope);
+        self.map_config(|c| c.scope = scope)
+    }
+
+    /// Replace the fingerprint function (see [`FingerprintFn`]).
+    pub fn with_fingerprint(self, fingerprint: impl FingerprintFn) -> Self {
+        let fingerprint = Arc::new(fingerprint);
+        self.map_config(|c| c.fingerprint = fingerprint)
+    }
+
+    /// Use the default fingerprint, and also hash the values of these request headers.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// let layer = tower_idempotency::Idempotency::memory()
+    ///     .with_fingerprint_headers([HeaderName::from_static("x-account-id")]);
+    /// # let _ = layer;
+    /// ```
+    pub fn with_fingerprint_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.with_fingerprint(DefaultFingerprint::with_headers(
+            headers.into_iter().collect(),
+        ))
+    }
+
+    /// Decide which handler statuses are saved and replayed. A status that is not saved
+    /// releases the key, so the retry runs the handler again.
+    ///
+    /// The default saves every status but 408, 425, 429 and 503 (see [`DefaultSavePolicy`]).
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// // also let clients retry after a 500
+    /// let layer = tower_idempotency::Idempotency::memory()
+    ///     .with_save_policy(|status: StatusCode| !status.is_server_error() && status != StatusCode::TOO_MANY_REQUESTS);
+    /// # let _ = layer;
+    /// ```
+    pub fn with_save_policy(self, policy: impl SavePolicy) -> Self {
+        let policy = Arc::new(policy);
+        self.map_config(|c| c.save = policy)
+    }
+
+    /// Make a duplicate that arrives while the first attempt runs wait up to `max` for it and
+    /// replay its answer, instead of getting 409 at once. After `max`, it gets 409 with
+    /// `Retry-After`.
+    ///
+    /// Stores with notifications (memory, PostgreSQL, Redis) wake the waiter when the first
+    /// attempt completes; otherwise it polls every [`WAIT_POLL_INTERVAL`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let layer = tower_idempotency::Idempotency::memory().wait_for_in_flight(Duration::from_secs(5));
+    /// # let _ = layer;
+    /// ```
+    pub fn wait_for_in_flight(self, max: Duration) -> Self {
+        self.map_config(|c| c.wait = Some(max))
+    }
+
+    /// When the store cannot be reached, call the handler anyway (logging a warning) instead of
+    /// answering 503.
+    ///
+    /// # Warning
+    ///
+    /// While the store is down, retries are not deduplicated: a retry of a request that was
+    /// processed runs again. Enable this only for handlers where a duplicate is cheaper than an
+    /// outage.
+    ///
+    /// ```
+    /// let layer = tower_idempotency::Idempotency::memory().fail_open();
+    /// # let _ = layer;
+    /// ```
+    pub fn fail_open(self) -> Self {
+        self.map_config(|c| c.fail_open = true)
+    }
+
+    /// Start a background task that deletes expired records every `every`, in batches of
+    /// [`DEFAULT_SWEEP_BATCH`](crate::sweeper::DEFAULT_SWEEP_BATCH). The task stops when the
+    /// returned [`Sweeper`] is dropped.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::Duration;
+    /// let layer = tower_idempotency::Idempotency::memory();
+    /// let sweeper = layer.sweep_every(Duration::from_secs(60));
+    /// # drop(sweeper);
+    /// # }
+    /// ```
+    pub fn sweep_every(&self, every: Duration) -> Sweeper {
+        Sweeper::spawn(
+            self.store.clone(),
+            every,
+            crate::sweeper::DEFAULT_SWEEP_BATCH,
+        )
+    }
+
+    pub(crate) fn into_mode<M2>(self) -> Idempotency<St, M2> {
+        Idempotency {
+            store: self.store,
+            config: self.config,
+            mode: PhantomData,
+        }
+    }
+}
+
+impl<St, M> Clone for Idempotency<St, M> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            config: self.config.clone(),
+            mode: PhantomData,
+        }
+    }
+}
+
+impl<St: fmt::Debug, M> fmt::Debug for Idempotency<St, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        f.debug_struct("Idempotency")
+            .field("store", &self.store)
+            .field("mode", &std::any::type_name::<M>())
+            .field("header", &c.header)
+            .field("required", &c.required)
+            .field("methods", &c.methods)
+            .field("body_limit", &c.body_limit)
+            .field("ttl", &c.ttl)
+            .field("lease", &c.lease)
+            .field("wait", &c.wait)
+            .field("fail_open", &c.fail_open)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, St: Store, M: Mode<St>> Layer<S> for Idempotency<St, M> {
+    type Service = IdempotencyService<S, St, M>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::from_layer(inner, self.clone())
+    }
+}
+
+/// `true` for every status except those that mean "not processed, try again":
+/// 408, 425, 429 and 503.
+pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 408 | 425 | 429 | 503)
+}

@@ -1,0 +1,109 @@
+//! Idempotency-Key middleware for [tower] and [axum]: every retry of a POST is safe.
+//!
+//! A client that timed out cannot tell "never arrived" from "done, but the reply was lost". With
+//! this layer it sends one `Idempotency-Key` per operation and resends it on every retry; the
+//! server runs the handler once and replays the saved answer to every retry.
+//!
+//! ```
+//! use axum::{http::StatusCode, routing::post, Json, Router};
+//! use tower_idempotency::Idempotency;
+//!
+//! async fn create_order(Json(order): Json<serde_json::Value>) -> (StatusCode, Json<serde_json::Value>) {
+//!     (StatusCode::CREATED, Json(order))
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .layer(Idempotency::memory()); // or Idempotency::postgres(pool), ::sqlite(pool), ::redis(..)
+//! ```
+//!
+//! # What happens to a request
+//!
+//! For a covered method (POST and PATCH by default):
+//!
+//! 1. The key is read from `Idempotency-Key`, bare (`abc`) or quoted (`"abc"`). Missing: 400
+//!    (or pass-through with [`optional`](Idempotency::optional)). Invalid: 400.
+//! 2. The body is buffered up to the limit (1 MiB): larger is 413, and nothing is claimed.
+//! 3. The request is fingerprinted: method, path and query, canonical JSON body.
+//! 4. The key is scoped to the caller (a hash of `Authorization` by default) and claimed in the
+//!    store in one atomic step. Then exactly one of:
+//!    - **claimed**: the handler runs; a heartbeat renews the lease meanwhile; its answer is
+//!      saved, checked against the claim's fencing token;
+//!    - **in flight**: 409 with `Retry-After` (or, in wait mode, wait for the first answer);
+//!    - **mismatch**: the key was used for a different request: 422;
+//!    - **done**: the saved status, headers and body are replayed with `Idempotent-Replayed: true`.
+//! 5. A handler error or panic, or a status that means "try again" (408, 425, 429, 503),
+//!    releases the key. A client that disconnects does not stop the handler: its answer is
+//!    still saved for the retry. A store that cannot be reached gives 503 (fail closed).
+//!
+//! | status | from the layer when |
+//! |---|---|
+//! | 400 | the key is missing (when required) or invalid |
+//! | 409 | the first attempt with this key is still running (`Retry-After` = lease left) |
+//! | 413 | the body is over the limit |
+//! | 422 | the key was first used for a different request |
+//! | 503 | the store is unavailable (`Retry-After: 1`) |
+//!
+//! All are `application/problem+json` ([`Rejection`]).
+//!
+//! # Stores
+//!
+//! | store | feature | constructor |
+//! |---|---|---|
+//! | [`MemoryStore`](store::MemoryStore) | `memory` (default) | [`Idempotency::memory`] |
+//! | `PostgresStore` | `postgres` | `Idempotency::postgres(pool)` |
+//! | `SqliteStore` | `sqlite` | `Idempotency::sqlite(pool)` |
+//! | `RedisStore` | `redis` | `Idempotency::redis(..)` |
+//!
+//! With PostgreSQL and SQLite, [transactional mode](transaction) commits the handler's writes
+//! and the saved answer together.
+//!
+//! # Features
+//!
+//! `memory` (default), `axum` (the [`IdempotencyKey`] and `IdempotencyTransaction` extractors),
+//! `postgres`, `sqlite`, `redis`, `redis-cluster`, `metrics` (counters through the `metrics`
+//! facade, see [`observe`](crate#observability)), `full`.
+//!
+//! # Observability
+//!
+//! Every outcome is a `tracing` event under the target `tower_idempotency`, inside a span
+//! `idempotency` that carries the scoped key hash, never the raw key or body. With the `metrics`
+//! feature, `idempotency_requests_total{outcome}` and `idempotency_lease_renewals_total` count
+//! them. The outcomes: `claimed`, `taken_over`, `replayed`, `in_flight`, `waited`, `mismatch`,
+//! `saved`, `released`, `fenced_out`, `store_error`, `fail_open`.
+//!
+//! [tower]: https://docs.rs/tower
+//! [axum]: https://docs.rs/axum
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+mod body;
+pub mod error;
+pub mod fingerprint;
+pub mod key;
+mod layer;
+mod mode;
+mod observe;
+mod record;
+mod service;
+pub mod store;
+pub mod sweeper;
+#[cfg(feature = "sqlx")]
+pub mod transaction;
+
+pub use body::ResponseBody;
+pub use error::Rejection;
+pub use fingerprint::Fingerprint;
+pub use key::{IdempotencyKey, KeyHash, Scope};
+pub use layer::{
+    Idempotency, DEFAULT_BODY_LIMIT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS,
+    DEFAULT_TTL, WAIT_POLL_INTERVAL,
+};
+pub use mode::{Mode, Standard};
+pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
+pub use service::{IdempotencyService, ResponseFuture};
+pub use sweeper::Sweeper;
+#[cfg(feature = "sqlx")]
+pub use transaction::{IdempotencyTransaction, Transactional};
+
+/// The error type of bodies the layer produces.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

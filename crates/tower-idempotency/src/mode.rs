@@ -1,0 +1,89 @@
+//! How an attempt's answer is recorded: on its own ([`Standard`]), or in the handler's database
+//! transaction ([`Transactional`](crate::Transactional)).
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use http::Extensions;
+
+use crate::{
+    key::KeyHash,
+    store::{Fenced, FencingToken, Store, StoreError, StoredResponse},
+};
+
+mod sealed {
+    pub trait Sealed {}
+}
+pub(crate) use sealed::Sealed;
+
+/// The mode of an [`Idempotency`](crate::Idempotency) layer. Sealed: the modes are [`Standard`]
+/// and [`Transactional`](crate::Transactional).
+pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
+    /// Per-attempt state, created after a successful claim.
+    #[doc(hidden)]
+    type Attempt: Send + 'static;
+
+    /// `true` when the handler's work commits with the saved response.
+    #[doc(hidden)]
+    const TRANSACTIONAL: bool;
+
+    /// Prepare an attempt; may put something in the request's extensions for the handler.
+    #[doc(hidden)]
+    fn start(store: &Arc<St>, extensions: &mut Extensions) -> Self::Attempt;
+
+    /// Save the handler's response for `key` if the record still carries `token`.
+    #[doc(hidden)]
+    fn finish(
+        store: &St,
+        attempt: Self::Attempt,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Undo the attempt's uncommitted work (the response is not saved).
+    #[doc(hidden)]
+    fn abandon(attempt: Self::Attempt) -> impl Future<Output = ()> + Send;
+}
+
+/// The default mode: the response is saved with one store write after the handler answers.
+///
+/// The handler's own side effects are not covered by that write: if the process dies between
+/// the handler's work and the save, a retry after the lease runs the handler again. Use
+/// [`Transactional`](crate::Transactional) mode to close that gap for database work.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Standard;
+
+impl Sealed for Standard {}
+
+/// Attempts at saving a response before giving up; a failed save leaves the work done but
+/// unrecorded, so it is worth a few quick retries.
+const COMPLETE_ATTEMPTS: u32 = 3;
+
+impl<St: Store> Mode<St> for Standard {
+    type Attempt = ();
+    const TRANSACTIONAL: bool = false;
+
+    fn start(_: &Arc<St>, _: &mut Extensions) -> Self::Attempt {}
+
+    async fn finish(
+        store: &St,
+        (): (),
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        let mut attempt = 1;
+        loop {
+            match store.complete(key, token, response).await {
+                Err(err) if attempt < COMPLETE_ATTEMPTS => {
+                    tracing::warn!(target: "tower_idempotency", key = %key, error = %err, attempt, "saving the response failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn abandon((): ()) {}
+}

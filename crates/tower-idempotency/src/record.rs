@@ -1,0 +1,122 @@
+//! Recording a handler's response, and replaying it.
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+
+use crate::store::StoredResponse;
+
+/// The header added to every replayed response.
+pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Decides whether a handler's response is saved (and replayed to retries) or the key is released
+/// (and a retry runs the handler again).
+///
+/// Implemented for closures `Fn(StatusCode) -> bool`.
+pub trait SavePolicy: Send + Sync + 'static {
+    /// `true` to save a response with this status.
+    fn should_save(&self, status: StatusCode) -> bool;
+}
+
+impl<F> SavePolicy for F
+where
+    F: Fn(StatusCode) -> bool + Send + Sync + 'static,
+{
+    fn should_save(&self, status: StatusCode) -> bool {
+        self(status)
+    }
+}
+
+/// Saves every response, 4xx and 5xx included (a 500 may have taken effect), except the statuses
+/// that by definition mean "not processed, try again": 408, 425, 429 and 503. For those the key is
+/// released, so a rate limiter or load shedder inside the layer does not pin a key to "try again
+/// later" for the whole retention.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultSavePolicy;
+
+impl SavePolicy for DefaultSavePolicy {
+    fn should_save(&self, status: StatusCode) -> bool {
+        !crate::layer::is_retryable_status(status)
+    }
+}
+
+/// Headers that describe one connection or one moment, not the resource: never replayed.
+const NOT_SAVED: [HeaderName; 10] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    header::DATE,
+    header::SET_COOKIE,
+];
+
+/// The headers of `response` worth replaying: all but hop-by-hop headers (the fixed list and any
+/// named in `Connection`), `Date` and `Set-Cookie`. Multi-valued headers keep every value, in order.
+pub(crate) fn saved_headers(headers: &HeaderMap) -> HeaderMap {
+    let named_in_connection: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    let mut saved = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if !NOT_SAVED.contains(name) && !named_in_connection.contains(name) {
+            saved.append(name.clone(), value.clone());
+        }
+    }
+    saved
+}
+
+/// The replay of a saved response: its status, headers and body, plus `Idempotent-Replayed: true`.
+pub(crate) fn replay(saved: StoredResponse) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(saved.body));
+    *response.status_mut() = saved.status;
+    *response.headers_mut() = saved.headers;
+    response
+        .headers_mut()
+        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_date_and_cookies_are_not_saved() {
+        let mut headers = HeaderMap::new();
+        headers.append(header::CONTENT_TYPE, "application/json".parse().unwrap());
+        headers.append(header::LOCATION, "/orders/1".parse().unwrap());
+        headers.append(
+            header::DATE,
+            "Sun, 29 Nov 2026 10:00:00 GMT".parse().unwrap(),
+        );
+        headers.append(header::SET_COOKIE, "session=secret".parse().unwrap());
+        headers.append(header::CONNECTION, "close, x-trace-hop".parse().unwrap());
+        headers.append("x-trace-hop", "1".parse().unwrap());
+        headers.append(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
+        headers.append("link", "<a>".parse().unwrap());
+        headers.append("link", "<b>".parse().unwrap());
+        let saved = saved_headers(&headers);
+        let names: Vec<&str> = saved.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["content-type", "location", "link"]);
+        let links: Vec<_> = saved.get_all("link").iter().collect();
+        assert_eq!(links, ["<a>", "<b>"]);
+    }
+
+    #[test]
+    fn default_policy_releases_only_try_again_statuses() {
+        for code in [408, 425, 429, 503] {
+            assert!(!DefaultSavePolicy.should_save(StatusCode::from_u16(code).unwrap()));
+        }
+        for code in [200, 201, 400, 404, 409, 422, 500, 502] {
+            assert!(DefaultSavePolicy.should_save(StatusCode::from_u16(code).unwrap()));
+        }
+    }
+}

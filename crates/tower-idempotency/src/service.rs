@@ -1,0 +1,489 @@
+//! The [`IdempotencyService`]: the request flow of the layer.
+
+use std::{
+    fmt,
+    future::Future,
+    panic::AssertUnwindSafe,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::{header::CONTENT_LENGTH, Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::time::Instant;
+use tower_service::Service;
+use tracing::Instrument;
+
+use crate::{
+    body::ResponseBody,
+    error::Rejection,
+    fingerprint::Fingerprint,
+    key::{IdempotencyKey, KeyHash},
+    layer::{Config, Idempotency, WAIT_POLL_INTERVAL},
+    mode::{Mode, Standard},
+    observe::{self, Outcome},
+    record,
+    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoredResponse},
+    BoxError,
+};
+
+/// How long a client is told to wait when the store is unavailable.
+const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The middleware produced by [`Idempotency`]. See the crate docs for the request flow.
+pub struct IdempotencyService<S, St, M = Standard> {
+    inner: S,
+    layer: Idempotency<St, M>,
+}
+
+impl<S, St: Store> IdempotencyService<S, St> {
+    /// Wrap `inner` with the default configuration over `store`.
+    ///
+    /// ```
+    /// use tower_idempotency::{store::MemoryStore, IdempotencyService};
+    ///
+    /// let handler = tower::service_fn(|_req: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("done")))
+    /// });
+    /// let service = IdempotencyService::new(handler, MemoryStore::new());
+    /// # let _ = service;
+    /// ```
+    pub fn new(inner: S, store: St) -> Self {
+        Self::from_layer(inner, Idempotency::new(store))
+    }
+}
+
+impl<S, St, M> IdempotencyService<S, St, M> {
+    pub(crate) fn from_layer(inner: S, layer: Idempotency<St, M>) -> Self {
+        Self { inner, layer }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, St, M> Clone for IdempotencyService<S, St, M> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St: fmt::Debug, M> fmt::Debug for IdempotencyService<S, St, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+/// The response future of [`IdempotencyService`].
+pub struct ResponseFuture<B, E> {
+    inner: Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>,
+}
+
+impl<B, E> Future for ResponseFuture<B, E> {
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<B, E> fmt::Debug for ResponseFuture<B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, St, M, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, St, M>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    M: Mode<St>,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The clone may not be ready: keep the service `poll_ready` was called on for this
+        // request, and leave the clone in its place (tower's "be careful when cloning inner
+        // services" note).
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        let inner = if layer.config.covers(req.method()) {
+            Box::pin(handle(inner, layer, req)) as Pin<Box<dyn Future<Output = _> + Send>>
+        } else {
+            Box::pin(pass_through(inner, req))
+        };
+        ResponseFuture { inner }
+    }
+}
+
+async fn pass_through<S, ReqBody, ResBody>(
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    Ok(inner.call(req).await?.map(ResponseBody::inner))
+}
+
+fn reject<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
+    rejection.to_response().map(ResponseBody::from_full)
+}
+
+/// The request flow for a covered method: key, body, fingerprint, claim, then one of the four
+/// outcomes.
+async fn handle<S, St, M, ReqBody, ResBody>(
+    inner: S,
+    layer: Idempotency<St, M>,
+    req: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    M: Mode<St>,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let config = &layer.config;
+    let (parts, body) = req.into_parts();
+
+    let key = match IdempotencyKey::from_headers(&parts.headers, &config.header) {
+        Ok(Some(key)) => key,
+        Ok(None) if config.required => {
+            return Ok(reject(Rejection::MissingKey {
+                header: config.header.to_string(),
+            }))
+        }
+        Ok(None) => return pass_through(inner, Request::from_parts(parts, body)).await,
+        Err(reason) => {
+            return Ok(reject(Rejection::InvalidKey {
+                header: config.header.to_string(),
+                reason,
+            }))
+        }
+    };
+
+    let too_large = Rejection::BodyTooLarge {
+        limit: config.body_limit,
+    };
+    let declared_len = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared_len.is_some_and(|len| len > config.body_limit as u64) {
+        return Ok(reject(too_large));
+    }
+    let bytes = match Limited::new(body, config.body_limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.is::<LengthLimitError>() => return Ok(reject(too_large)),
+        Err(_) => return Ok(reject(Rejection::UnreadableBody)),
+    };
+
+    let key_hash = key.scoped_hash(&config.scope.scope(&parts));
+    let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
+    let span = observe::span(&key_hash, &parts.method, parts.uri.path());
+
+    async move {
+        let token = FencingToken::new();
+        match claim(&layer, key_hash, fingerprint, token).await {
+            Ok(ClaimOutcome::Claimed { taken_over }) => {
+                if taken_over {
+                    observe::record(
+                        Outcome::TakenOver,
+                        &"a lapsed lease was taken over; the handler runs again",
+                    );
+                } else {
+                    observe::record(Outcome::Claimed, &"key claimed; the handler runs");
+                }
+                let mut parts = parts;
+                parts.extensions.insert(key);
+                let attempt = M::start(&layer.store, &mut parts.extensions);
+                let req = Request::from_parts(parts, ReqBody::from(bytes));
+                let run = Attempt {
+                    store: layer.store.clone(),
+                    config: layer.config.clone(),
+                    key: key_hash,
+                    token,
+                };
+                // Spawned so the handler runs to the end and its answer is recorded even if the
+                // client disconnects and this future is dropped.
+                let task = tokio::spawn(
+                    run.execute::<S, M, ReqBody, ResBody>(inner, req, attempt)
+                        .in_current_span(),
+                );
+                match task.await {
+                    Ok(result) => result,
+                    Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+                    // Only when the runtime shuts down under us.
+                    Err(_) => Ok(reject(Rejection::StoreUnavailable {
+                        retry_after: STORE_RETRY_AFTER,
+                    })),
+                }
+            }
+            Ok(ClaimOutcome::InFlight { lease_remaining }) => {
+                observe::record(
+                    Outcome::InFlight,
+                    &"the first attempt is still running: 409",
+                );
+                Ok(reject(Rejection::InFlight {
+                    retry_after: lease_remaining,
+                }))
+            }
+            Ok(ClaimOutcome::Mismatch) => {
+                observe::record(
+                    Outcome::Mismatch,
+                    &"the key was first used for a different request: 422",
+                );
+                Ok(reject(Rejection::KeyReused))
+            }
+            Ok(ClaimOutcome::Done(saved)) => {
+                observe::record(Outcome::Replayed, &"replaying the saved answer");
+                Ok(record::replay(saved).map(ResponseBody::from_full))
+            }
+            Err(err) if layer.config.fail_open => {
+                observe::record(
+                    Outcome::FailOpen,
+                    &format_args!(
+                        "store failed ({err}); calling the handler without idempotency (fail-open)"
+                    ),
+                );
+                pass_through(inner, Request::from_parts(parts, ReqBody::from(bytes))).await
+            }
+            Err(err) => {
+                observe::record(
+                    Outcome::StoreError,
+                    &format_args!("store failed: {err}; answering 503"),
+                );
+                Ok(reject(Rejection::StoreUnavailable {
+                    retry_after: STORE_RETRY_AFTER,
+                }))
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Claim once, or in wait mode keep claiming while the first attempt runs, up to the bound.
+async fn claim<St: Store, M>(
+    layer: &Idempotency<St, M>,
+    key: KeyHash,
+    fingerprint: Fingerprint,
+    token: FencingToken,
+) -> Result<ClaimOutcome, crate::store::StoreError> {
+    let config = &layer.config;
+    let claim = Claim {
+        key,
+        fingerprint,
+        token,
+        lease: config.lease,
+        ttl: config.ttl,
+    };
+    let deadline = config.wait.map(|wait| Instant::now() + wait);
+    let mut waited = false;
+    loop {
+        let outcome = layer.store.claim(&claim).await?;
+        let now = Instant::now();
+        match (outcome, deadline) {
+            (ClaimOutcome::InFlight { lease_remaining }, Some(deadline)) if now < deadline => {
+                waited = true;
+                let pause = (deadline - now)
+                    .min(lease_remaining)
+                    .min(WAIT_POLL_INTERVAL);
+                layer.store.wait_for_change(&key, pause).await;
+            }
+            (outcome, _) => {
+                if waited {
+                    observe::record(Outcome::Waited, &"waited for the first attempt");
+                }
+                return Ok(outcome);
+            }
+        }
+    }
+}
+
+/// One claimed attempt: the handler, the heartbeat, and the recording of the answer.
+struct Attempt<St> {
+    store: Arc<St>,
+    config: Arc<Config>,
+    key: KeyHash,
+    token: FencingToken,
+}
+
+impl<St: Store> Attempt<St> {
+    async fn execute<S, M, ReqBody, ResBody>(
+        self,
+        mut inner: S,
+        req: Request<ReqBody>,
+        attempt: M::Attempt,
+    ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        M: Mode<St>,
+        ResBody: Body<Data = Bytes>,
+        ResBody::Error: Into<BoxError>,
+    {
+        let work = AssertUnwindSafe(async {
+            let response = inner.call(req).await?;
+            let (parts, body) = response.into_parts();
+            let body: Result<Bytes, BoxError> = body
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .map_err(Into::into);
+            Ok::<_, S::Error>((parts, body))
+        })
+        .catch_unwind();
+        let result = tokio::select! {
+            biased;
+            result = work => result,
+            never = self.heartbeat() => match never {},
+        };
+
+        let (parts, body) = match result {
+            Err(panic) => {
+                M::abandon(attempt).await;
+                self.release("the handler panicked").await;
+                std::panic::resume_unwind(panic);
+            }
+            Ok(Err(err)) => {
+                M::abandon(attempt).await;
+                self.release("the inner service returned an error").await;
+                return Err(err);
+            }
+            Ok(Ok((parts, Err(err)))) => {
+                M::abandon(attempt).await;
+                self.release("the response body failed").await;
+                return Ok(Response::from_parts(parts, ResponseBody::failed(err)));
+            }
+            Ok(Ok((parts, Ok(body)))) => (parts, body),
+        };
+
+        if !self.config.save.should_save(parts.status) {
+            M::abandon(attempt).await;
+            self.release(&format!("status {} is not saved", parts.status.as_u16()))
+                .await;
+            return Ok(Response::from_parts(parts, ResponseBody::full(body)));
+        }
+
+        let saved = StoredResponse {
+            status: parts.status,
+            headers: record::saved_headers(&parts.headers),
+            body: body.clone(),
+        };
+        match M::finish(&self.store, attempt, &self.key, self.token, &saved).await {
+            Ok(Fenced::Applied) => observe::record(Outcome::Saved, &"answer saved"),
+            Ok(Fenced::Lost) if M::TRANSACTIONAL => {
+                observe::record(Outcome::FencedOut, &"the lease was taken over before the commit; the work was rolled back: 409");
+                return Ok(reject(Rejection::LeaseLost {
+                    retry_after: self.config.lease,
+                }));
+            }
+            Ok(Fenced::Lost) => observe::record(
+                Outcome::FencedOut,
+                &"the lease was taken over before the answer was saved; the answer is sent but not saved",
+            ),
+            Err(err) if M::TRANSACTIONAL => {
+                observe::record(Outcome::StoreError, &format_args!("committing the transaction failed: {err}; the work was rolled back: 503"));
+                self.release("the commit failed").await;
+                return Ok(reject(Rejection::StoreUnavailable {
+                    retry_after: STORE_RETRY_AFTER,
+                }));
+            }
+            Err(err) => observe::record(
+                Outcome::StoreError,
+                &format_args!("saving the answer failed: {err}; the answer is sent but not saved, and a retry after the lease runs the handler again"),
+            ),
+        }
+        Ok(Response::from_parts(parts, ResponseBody::full(body)))
+    }
+
+    /// Renew the lease every third of it, forever; the caller drops this when the work ends.
+    async fn heartbeat(&self) -> std::convert::Infallible {
+        let period = self.config.heartbeat();
+        let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            match self
+                .store
+                .renew(&self.key, self.token, self.config.lease)
+                .await
+            {
+                Ok(Fenced::Applied) => observe::renewed(),
+                Ok(Fenced::Lost) => {
+                    observe::record(
+                        Outcome::FencedOut,
+                        &"the lease was lost while the handler ran; its answer will not be saved",
+                    );
+                    return std::future::pending().await;
+                }
+                Err(err) => observe::record(
+                    Outcome::StoreError,
+                    &format_args!("renewing the lease failed: {err}; trying again next beat"),
+                ),
+            }
+        }
+    }
+
+    async fn release(&self, why: &str) {
+        match self.store.release(&self.key, self.token).await {
+            Ok(Fenced::Applied) => {
+                observe::record(Outcome::Released, &format_args!("key released: {why}"))
+            }
+            Ok(Fenced::Lost) => observe::record(
+                Outcome::FencedOut,
+                &format_args!("key not released ({why}): the lease was already taken over"),
+            ),
+            Err(err) => observe::record(
+                Outcome::StoreError,
+                &format_args!(
+                    "releasing the key failed ({why}): {err}; it frees when the lease lapses"
+                ),
+            ),
+        }
+    }
+}

@@ -1,0 +1,419 @@
+//! Where idempotency records live.
+//!
+//! A [`Store`] keeps one record per scoped key. Every method must be atomic on its own: one SQL
+//! statement or one Redis script, never a read followed by a write. A store that checks whether a
+//! key exists and then inserts it lets two concurrent attempts both believe they are first, which
+//! is exactly the duplicate this crate exists to prevent.
+//!
+//! | store | feature | for |
+//! |---|---|---|
+//! | [`MemoryStore`] | `memory` (default) | one process: tests, single-instance services |
+//! | `PostgresStore` | `postgres` | the default for real applications, transactional mode |
+//! | `SqliteStore` | `sqlite` | embedded, single node, transactional mode |
+//! | `RedisStore` | `redis` | work with no database row of its own, scale-out |
+
+use std::{fmt, future::Future, time::Duration};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use crate::{fingerprint::Fingerprint, key::KeyHash};
+
+#[cfg(feature = "memory")]
+mod memory;
+#[cfg(feature = "memory")]
+pub use memory::MemoryStore;
+
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+/// A fencing token: issued by every successful claim, required by every later write.
+///
+/// When a holder's lease lapses and another attempt takes the key over, the new claim gets a new
+/// token. The old holder's `complete`, `renew` and `release` then match no record and change
+/// nothing, so a late writer can never overwrite the answer of the attempt that replaced it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FencingToken(uuid::Uuid);
+
+impl FencingToken {
+    /// A fresh random token.
+    pub fn new() -> Self {
+        Self(uuid::Uuid::new_v4())
+    }
+
+    /// The token as a UUID, for stores that keep it in a `uuid` column.
+    pub fn as_uuid(&self) -> uuid::Uuid {
+        self.0
+    }
+
+    /// Rebuild a token from the UUID a store kept.
+    pub fn from_uuid(uuid: uuid::Uuid) -> Self {
+        Self(uuid)
+    }
+}
+
+impl Default for FencingToken {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FencingToken({})", self.0)
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// What the layer asks a store to claim.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// `sha256(scope || key)`: the record's identity. The raw key is never stored.
+    pub key: KeyHash,
+    /// The fingerprint of the request that wants the key.
+    pub fingerprint: Fingerprint,
+    /// The token the store must write if (and only if) this claim wins.
+    pub token: FencingToken,
+    /// How long the claim stays valid without a renewal.
+    pub lease: Duration,
+    /// How long the record is kept, counted from its creation. A takeover keeps the original expiry.
+    pub ttl: Duration,
+}
+
+/// The result of one atomic claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The key is ours: it was new, its record had expired, or its holder's lease had lapsed.
+    Claimed {
+        /// `true` when a running record whose lease had lapsed was taken over.
+        taken_over: bool,
+    },
+    /// Another attempt with the same fingerprint holds the key and its lease is valid.
+    InFlight {
+        /// Time left on the holder's lease.
+        lease_remaining: Duration,
+    },
+    /// The key is bound to a request with a different fingerprint.
+    Mismatch,
+    /// The first attempt finished; here is its answer.
+    Done(StoredResponse),
+}
+
+/// A response as it was saved, ready to be replayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The original status code.
+    pub status: StatusCode,
+    /// The saved headers, every value of a multi-valued header in order.
+    pub headers: HeaderMap,
+    /// The complete body.
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// Encode the headers as `name: value\n` lines, the format every store keeps them in.
+    ///
+    /// Values are written as their raw bytes: the `http` crate forbids `\r` and `\n` inside a
+    /// value, so the encoding is unambiguous and keeps non-UTF-8 (obs-text) bytes intact.
+    pub fn encode_headers(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.headers.len() * 32);
+        for (name, value) in &self.headers {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.push(b'\n');
+        }
+        out
+    }
+
+    /// Decode headers written by [`encode_headers`](Self::encode_headers).
+    pub fn decode_headers(encoded: &[u8]) -> Result<HeaderMap, StoreError> {
+        let mut headers = HeaderMap::new();
+        for line in encoded.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let split = line
+                .windows(2)
+                .position(|w| w == b": ")
+                .ok_or_else(|| StoreError::corrupt("a saved header line has no separator"))?;
+            let name = HeaderName::from_bytes(&line[..split])
+                .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
+            let value = HeaderValue::from_bytes(&line[split + 2..])
+                .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
+            headers.append(name, value);
+        }
+        Ok(headers)
+    }
+
+    /// Rebuild a response from the columns a store kept.
+    pub fn from_parts(
+        status: u16,
+        encoded_headers: &[u8],
+        body: Bytes,
+    ) -> Result<Self, StoreError> {
+        let status = StatusCode::from_u16(status)
+            .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
+        Ok(Self {
+            status,
+            headers: Self::decode_headers(encoded_headers)?,
+            body,
+        })
+    }
+}
+
+/// The result of a token-checked write (`complete`, `renew`, `release`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// The record carried our token and was written.
+    Applied,
+    /// The record no longer carries our token (taken over, expired and swept, or reclaimed).
+    /// Nothing was written.
+    Lost,
+}
+
+impl Fenced {
+    /// `true` when the write was applied.
+    pub fn applied(self) -> bool {
+        matches!(self, Fenced::Applied)
+    }
+
+    /// `Applied` when `rows` (the number of records a token-checked statement touched) is non-zero.
+    pub fn from_rows(rows: u64) -> Self {
+        if rows > 0 {
+            Fenced::Applied
+        } else {
+            Fenced::Lost
+        }
+    }
+}
+
+/// A backend that keeps idempotency records.
+///
+/// # Atomicity
+///
+/// Each method is one atomic operation in the backend: one SQL statement (a CTE counts as one) or
+/// one Lua script. In particular [`claim`](Store::claim) must decide between the four outcomes and
+/// write the claim in the same step: `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE stale RETURNING`
+/// in SQL, a single script in Redis. Never read then write.
+///
+/// # Time
+///
+/// Leases and expiry are judged by the store's own clock (the database's `now()`, Redis' `TIME`),
+/// so several application instances with skewed clocks agree on who holds a key.
+///
+/// # Example
+///
+/// ```
+/// use tower_idempotency::store::{MemoryStore, Store};
+///
+/// # tokio_test_like::run(async {
+/// let store = MemoryStore::new();
+/// assert_eq!(store.sweep(1000).await.unwrap(), 0);
+/// # });
+/// # mod tokio_test_like { pub fn run<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f) } }
+/// ```
+pub trait Store: fmt::Debug + Send + Sync + 'static {
+    /// Claim `claim.key` for `claim.fingerprint`, atomically.
+    ///
+    /// - no record, or an expired one: write a `running` record with `claim.token`, lease and
+    ///   expiry; return [`ClaimOutcome::Claimed`].
+    /// - a record with another fingerprint (any state, not expired): [`ClaimOutcome::Mismatch`].
+    /// - `running`, same fingerprint, lease lapsed: take it over (new token, new lease, original
+    ///   expiry); `Claimed { taken_over: true }`.
+    /// - `running`, same fingerprint, lease valid: [`ClaimOutcome::InFlight`] with the time left.
+    /// - `done`, same fingerprint: [`ClaimOutcome::Done`] with the saved response.
+    fn claim(&self, claim: &Claim)
+        -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+
+    /// Extend the lease of a running record held with `token` to `lease` from now.
+    fn renew(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Save `response` on the running record held with `token` and mark it done.
+    /// The record keeps its expiry.
+    fn complete(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Delete the running record held with `token`, so a retry can claim the key afresh.
+    fn release(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Delete up to `batch` expired records; return how many were deleted.
+    ///
+    /// Bounded so that a backlog of millions is cleared in short steps without a long lock.
+    fn sweep(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Wait until the record of `key` may have changed (completed, released, or its lease lapsed),
+    /// or until `timeout` passes, whichever is first. Used by wait mode between two claims.
+    ///
+    /// Stores with a notification channel (memory: `Notify`, PostgreSQL: `LISTEN`, Redis:
+    /// pub/sub) wake early; the default sleeps for `timeout`, which the layer bounds to a short
+    /// poll interval. A spurious early return is harmless: the layer claims again.
+    fn wait_for_change(&self, key: &KeyHash, timeout: Duration) -> impl Future<Output = ()> + Send {
+        let _ = key;
+        tokio::time::sleep(timeout)
+    }
+}
+
+#[cfg(feature = "sqlx")]
+/// A store whose records live in a SQL database, so the handler's writes and the saved response
+/// can commit in one transaction (transactional mode).
+///
+/// The layer claims the key with [`Store::claim`] (committed on its own, so the claim is visible
+/// to other attempts at once), then hands the handler a lazily-begun transaction. When the handler
+/// answers, [`complete_in`](TransactionalStore::complete_in) saves the response inside that
+/// transaction, token-checked, and the layer commits. If the token check fails the layer rolls
+/// back, so a holder that lost its lease cannot commit its work.
+pub trait TransactionalStore: Store {
+    /// The sqlx database.
+    type Database: sqlx::Database;
+
+    /// The pool transactions are begun from.
+    fn pool(&self) -> &sqlx::Pool<Self::Database>;
+
+    /// [`Store::complete`], inside the handler's transaction.
+    fn complete_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, Self::Database>,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+}
+
+/// What went wrong in a store.
+///
+/// The layer answers `503 Service Unavailable` for every store error (unless fail-open is
+/// enabled) and never shows the source's text to the client.
+#[derive(Debug, thiserror::Error)]
+#[error("idempotency store {kind}")]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// The kind of a [`StoreError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The backend could not be reached or did not answer in time.
+    Unavailable,
+    /// The backend answered with an error.
+    Backend,
+    /// A saved record could not be decoded.
+    Corrupt,
+    /// Running the store's migrations failed.
+    Migration,
+}
+
+impl fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Backend => "backend error",
+            StoreErrorKind::Corrupt => "record corrupt",
+            StoreErrorKind::Migration => "migration failed",
+        })
+    }
+}
+
+impl StoreError {
+    /// An error of `kind` caused by `source`.
+    pub fn new(
+        kind: StoreErrorKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            kind,
+            source: Some(source.into()),
+        }
+    }
+
+    /// A record could not be decoded.
+    pub fn corrupt(what: &'static str) -> Self {
+        Self::new(StoreErrorKind::Corrupt, what)
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+#[cfg(feature = "sqlx")]
+impl From<sqlx::Error> for StoreError {
+    fn from(err: sqlx::Error) -> Self {
+        let kind = match &err {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => StoreErrorKind::Unavailable,
+            sqlx::Error::Decode(_) | sqlx::Error::ColumnDecode { .. } => StoreErrorKind::Corrupt,
+            sqlx::Error::Migrate(_) => StoreErrorKind::Migration,
+            _ => StoreErrorKind::Backend,
+        };
+        Self::new(kind, err)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<::redis::RedisError> for StoreError {
+    fn from(err: ::redis::RedisError) -> Self {
+        let kind = if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
+            StoreErrorKind::Unavailable
+        } else {
+            StoreErrorKind::Backend
+        };
+        Self::new(kind, err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_with_multiple_values_in_order() {
+        let mut headers = HeaderMap::new();
+        headers.append("content-type", HeaderValue::from_static("application/json"));
+        headers.append("x-multi", HeaderValue::from_static("one"));
+        headers.append("x-multi", HeaderValue::from_static("two: with colon"));
+        headers.append("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let saved = StoredResponse {
+            status: StatusCode::CREATED,
+            headers,
+            body: Bytes::from_static(b"{}"),
+        };
+        let decoded = StoredResponse::decode_headers(&saved.encode_headers()).unwrap();
+        assert_eq!(decoded, saved.headers);
+        let multi: Vec<_> = decoded.get_all("x-multi").iter().collect();
+        assert_eq!(multi, ["one", "two: with colon"]);
+    }
+
+    #[test]
+    fn corrupt_headers_are_an_error_not_a_panic() {
+        let err = StoredResponse::decode_headers(b"no separator here\n").unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+    }
+}

@@ -1,0 +1,225 @@
+//! Transactional mode: the handler's writes and the saved response commit together.
+//!
+//! ```no_run
+//! # #[cfg(all(feature = "postgres", feature = "axum"))] mod example {
+//! use axum::{routing::post, Router};
+//! use sqlx::Postgres;
+//! use tower_idempotency::{Idempotency, IdempotencyTransaction};
+//!
+//! async fn create_order(tx: IdempotencyTransaction<Postgres>) -> Result<&'static str, String> {
+//!     let mut tx = tx.begin().await.map_err(|e| e.to_string())?;
+//!     sqlx::query("INSERT INTO orders (total_cents) VALUES (4000)")
+//!         .execute(&mut **tx)
+//!         .await
+//!         .map_err(|e| e.to_string())?;
+//!     Ok("created") // the layer saves this answer in the same transaction, then commits
+//! }
+//!
+//! fn app(pool: sqlx::PgPool) -> Router {
+//!     Router::new()
+//!         .route("/orders", post(create_order))
+//!         .layer(Idempotency::postgres(pool).transactional())
+//! }
+//! # }
+//! ```
+//!
+//! The layer claims the key first (committed on its own, so duplicates see it at once), then the
+//! handler begins the transaction on its first call to [`IdempotencyTransaction::begin`]: a handler
+//! that first calls a slow payment provider holds no pooled connection (and no SQLite write lock)
+//! meanwhile. When the handler answers, the layer saves the response inside the transaction,
+//! checking the fencing token, and commits. So:
+//!
+//! - a crash before the commit rolls back the work and the saved answer together; the lease then
+//!   frees the key and the retry does the work exactly once;
+//! - a handler that lost its lease to a retry cannot commit: its transaction rolls back and its
+//!   client gets 409 with `Retry-After`;
+//! - a response that is not saved (408, 425, 429, 503 by default), an inner service error and a
+//!   panic roll the transaction back and release the key.
+
+use std::{fmt, sync::Arc};
+
+use http::Extensions;
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use crate::{
+    key::KeyHash,
+    layer::Idempotency,
+    mode::{Mode, Sealed},
+    store::{Fenced, FencingToken, StoreError, StoredResponse, TransactionalStore},
+};
+
+/// The mode of a layer built with [`Idempotency::transactional`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Transactional;
+
+impl Sealed for Transactional {}
+
+impl<St: TransactionalStore> Idempotency<St> {
+    /// Switch to transactional mode: the handler gets an [`IdempotencyTransaction`] and its writes
+    /// commit together with the saved response. See the [module docs](crate::transaction).
+    pub fn transactional(self) -> Idempotency<St, Transactional> {
+        self.into_mode()
+    }
+}
+
+enum TxState<DB: sqlx::Database> {
+    NotBegun(sqlx::Pool<DB>),
+    Open(sqlx::Transaction<'static, DB>),
+    Finished,
+}
+
+/// The handler's side of the idempotency transaction (an axum extractor with the `axum` feature).
+///
+/// Clone it freely: every clone is the same transaction. Call [`begin`](Self::begin) when the
+/// handler is ready to write; the transaction is opened on the first call and reused after.
+pub struct IdempotencyTransaction<DB: sqlx::Database> {
+    state: Arc<Mutex<TxState<DB>>>,
+}
+
+impl<DB: sqlx::Database> Clone for IdempotencyTransaction<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl<DB: sqlx::Database> fmt::Debug for IdempotencyTransaction<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyTransaction")
+            .finish_non_exhaustive()
+    }
+}
+
+/// A locked handle on the open transaction: `&mut **guard` is an executor.
+///
+/// Hold it only while writing; the layer takes the transaction back after the handler answers.
+pub struct TransactionGuard<DB: sqlx::Database>(OwnedMutexGuard<TxState<DB>>);
+
+impl<DB: sqlx::Database> std::ops::Deref for TransactionGuard<DB> {
+    type Target = sqlx::Transaction<'static, DB>;
+
+    fn deref(&self) -> &Self::Target {
+        match &*self.0 {
+            TxState::Open(tx) => tx,
+            // `begin` hands out a guard only after opening the transaction, under the same lock.
+            _ => unreachable!("a TransactionGuard always holds an open transaction"),
+        }
+    }
+}
+
+impl<DB: sqlx::Database> std::ops::DerefMut for TransactionGuard<DB> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match &mut *self.0 {
+            TxState::Open(tx) => tx,
+            _ => unreachable!("a TransactionGuard always holds an open transaction"),
+        }
+    }
+}
+
+impl<DB: sqlx::Database> fmt::Debug for TransactionGuard<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransactionGuard").finish_non_exhaustive()
+    }
+}
+
+impl<DB: sqlx::Database> IdempotencyTransaction<DB> {
+    fn new(pool: sqlx::Pool<DB>) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(TxState::NotBegun(pool))),
+        }
+    }
+
+    /// The transaction, begun on the first call.
+    ///
+    /// Fails if the database cannot begin a transaction, or if the layer already finished the
+    /// attempt (the guard was kept past the handler, for example in a spawned task).
+    pub async fn begin(&self) -> Result<TransactionGuard<DB>, sqlx::Error> {
+        let mut state = self.state.clone().lock_owned().await;
+        if let TxState::NotBegun(pool) = &*state {
+            let tx = pool.begin().await?;
+            *state = TxState::Open(tx);
+        }
+        match &*state {
+            TxState::Open(_) => Ok(TransactionGuard(state)),
+            _ => Err(sqlx::Error::Protocol(
+                "the idempotency transaction is finished: use it only inside the handler".into(),
+            )),
+        }
+    }
+
+    /// Take the transaction out, leaving `Finished`: nothing can use it after the layer does.
+    async fn take(&self) -> Option<sqlx::Transaction<'static, DB>> {
+        let mut state = self.state.lock().await;
+        match std::mem::replace(&mut *state, TxState::Finished) {
+            TxState::Open(tx) => Some(tx),
+            _ => None,
+        }
+    }
+}
+
+impl<St: TransactionalStore> Mode<St> for Transactional {
+    type Attempt = IdempotencyTransaction<St::Database>;
+    const TRANSACTIONAL: bool = true;
+
+    fn start(store: &Arc<St>, extensions: &mut Extensions) -> Self::Attempt {
+        let tx = IdempotencyTransaction::new(store.pool().clone());
+        extensions.insert(tx.clone());
+        tx
+    }
+
+    async fn finish(
+        store: &St,
+        attempt: Self::Attempt,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        let Some(mut tx) = attempt.take().await else {
+            // The handler did no database work: save the response on its own.
+            return store.complete(key, token, response).await;
+        };
+        match store.complete_in(&mut tx, key, token, response).await? {
+            Fenced::Applied => {
+                tx.commit().await?;
+                Ok(Fenced::Applied)
+            }
+            Fenced::Lost => {
+                tx.rollback().await?;
+                Ok(Fenced::Lost)
+            }
+        }
+    }
+
+    async fn abandon(attempt: Self::Attempt) {
+        if let Some(tx) = attempt.take().await {
+            if let Err(err) = tx.rollback().await {
+                tracing::warn!(target: "tower_idempotency", error = %err, "rolling back the idempotency transaction failed; the connection is discarded");
+            }
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+mod extract {
+    use axum_core::extract::FromRequestParts;
+    use http::request::Parts;
+
+    use super::IdempotencyTransaction;
+    use crate::error::MissingExtension;
+
+    impl<S: Send + Sync, DB: sqlx::Database> FromRequestParts<S> for IdempotencyTransaction<DB> {
+        type Rejection = MissingExtension;
+
+        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+            parts
+                .extensions
+                .get::<IdempotencyTransaction<DB>>()
+                .cloned()
+                .ok_or(MissingExtension {
+                    what: "idempotency transaction",
+                    hint: "is the handler behind a layer built with Idempotency::transactional(), on a covered method, with a key?",
+                })
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Shared helpers for the integration tests: fresh databases, Redis prefixes, a test server.
+//!
+//! URLs are read at run time. A missing variable fails the test with the variable's name: the
+//! database tests never skip themselves.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// `DATABASE_URL`, the PostgreSQL server the tests create their databases on.
+pub fn postgres_url() -> String {
+    std::env::var("DATABASE_URL")
+        .expect("DATABASE_URL is not set: run the tests with scripts/test.sh or export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test")
+}
+
+/// `REDIS_URL`, the Redis server the tests use (each test under its own key prefix).
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL")
+        .expect("REDIS_URL is not set: run the tests with scripts/test.sh or export REDIS_URL=redis://127.0.0.1:6379")
+}
+
+/// A name no other test in this run or any earlier run uses.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// A pool on a freshly created PostgreSQL database of its own.
+///
+/// `#[sqlx::test]` runs on a current-thread runtime; the concurrency tests need a multi-thread
+/// runtime and their own database, which this gives them.
+pub async fn fresh_postgres_pool(max_connections: u32) -> sqlx::PgPool {
+    use sqlx::{postgres::PgPoolOptions, Connection, Executor};
+    let url = postgres_url();
+    let db = unique_name("tidem");
+    let mut admin = sqlx::PgConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
+    admin
+        .execute(format!(r#"CREATE DATABASE "{db}""#).as_str())
+        .await
+        .expect("create test database");
+    let mut opts: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
+    opts = opts.database(&db);
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(opts)
+        .await
+        .expect("connect to the fresh test database")
+}
+
+/// A pool on a fresh SQLite file in the system temp dir (WAL mode, busy timeout set).
+pub async fn fresh_sqlite_pool(max_connections: u32) -> sqlx::SqlitePool {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    let path = std::env::temp_dir().join(format!("{}.db", unique_name("tidem")));
+    let opts = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(std::time::Duration::from_secs(10));
+    SqlitePoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(opts)
+        .await
+        .expect("open the fresh SQLite file")
+}
+
+/// A Redis client for `REDIS_URL`.
+pub fn redis_client() -> redis::Client {
+    let url = redis_url();
+    redis::Client::open(url.as_str())
+        .unwrap_or_else(|e| panic!("REDIS_URL={url} is not a valid Redis URL: {e}"))
+}
