@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The test command: makes sure PostgreSQL, Redis (and a local Redis Cluster) are reachable on
+# 127.0.0.1, then runs every test of the workspace with every feature. Exits non-zero on any
+# failure; never skips a database test.
+#
+#   scripts/test.sh                 # everything
+#   scripts/test.sh -E 'test(seed)' # extra arguments go to cargo nextest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
+export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
+export REDIS_CLUSTER_URLS="${REDIS_CLUSTER_URLS:-redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003}"
+
+log() { printf '[test.sh] %s\n' "$*" >&2; }
+
+# Is something listening on 127.0.0.1:$1?
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() {
+  local port=$1 name=$2
+  for _ in $(seq 1 60); do
+    port_open "$port" && return 0
+    sleep 0.5
+  done
+  log "$name is not reachable on 127.0.0.1:$port"
+  return 1
+}
+
+apt_install() {
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    log "installing $*"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    log "cannot install $* (no apt-get or not root): install it and run again"
+    return 1
+  fi
+}
+
+ensure_postgres() {
+  port_open 5432 && return 0
+  if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+    log "starting PostgreSQL and Redis with docker compose"
+    docker compose up -d --wait
+    return 0
+  fi
+  if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+    apt_install postgresql
+  fi
+  log "starting the local PostgreSQL cluster"
+  for version in $(ls /etc/postgresql); do
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  done
+  wait_port 5432 PostgreSQL
+  # Trust auth on loopback is how the CI machine is set up; a fresh install needs the test DB.
+  psql "postgres://postgres@127.0.0.1:5432/postgres" -Atc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
+    || psql "postgres://postgres@127.0.0.1:5432/postgres" -c "CREATE DATABASE test" >/dev/null
+}
+
+ensure_redis() {
+  port_open 6379 && return 0
+  command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+  log "starting the local Redis"
+  mkdir -p /var/lib/redis /var/log/redis 2>/dev/null || true
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir "${TMPDIR:-/tmp}" --logfile "${TMPDIR:-/tmp}/redis-test.log"
+  wait_port 6379 Redis
+}
+
+ensure_nextest() {
+  command -v cargo-nextest >/dev/null 2>&1 && return 0
+  log "installing cargo-nextest"
+  cargo install --locked cargo-nextest
+}
+
+# Test databases of earlier runs: each concurrency test makes its own (see tests/src/lib.rs).
+drop_old_test_databases() {
+  command -v psql >/dev/null 2>&1 || return 0
+  psql "$DATABASE_URL" -Atc "SELECT datname FROM pg_database WHERE datname LIKE 'tidem\_%'" 2>/dev/null |
+    while read -r db; do
+      psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1 || true
+    done
+}
+
+ensure_postgres
+ensure_redis
+scripts/redis-cluster.sh start
+ensure_nextest
+drop_old_test_databases
+
+log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URLS=$REDIS_CLUSTER_URLS"
+cargo nextest run --workspace --all-features --no-fail-fast "$@"
+# nextest does not run doctests.
+cargo test --workspace --all-features --doc
