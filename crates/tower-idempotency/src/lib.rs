@@ -56,7 +56,7 @@
 //! | `RedisStore` | `redis` | `Idempotency::redis(..)` |
 //!
 //! With PostgreSQL and SQLite, [transactional mode](transaction) commits the handler's writes
-//! and the saved answer together.
+//! and the saved answer together. What is promised, and where it ends: [`guarantees`].
 //!
 //! # Features
 //!
@@ -78,6 +78,8 @@
 
 mod body;
 pub mod error;
+#[doc = include_str!("../../../docs/guarantees.md")]
+pub mod guarantees {}
 pub mod fingerprint;
 pub mod key;
 mod layer;

@@ -487,3 +487,98 @@ impl<St: Store> Attempt<St> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http::StatusCode;
+    use http_body_util::Full;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn counting_service(
+        count: Arc<AtomicUsize>,
+        status: StatusCode,
+    ) -> impl Service<
+        Request<Full<Bytes>>,
+        Response = Response<Full<Bytes>>,
+        Error = std::convert::Infallible,
+        Future = impl Send,
+    > + Clone {
+        tower::service_fn(move |_req: Request<Full<Bytes>>| {
+            let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                let mut response = Response::new(Full::new(Bytes::from(format!("run {n}"))));
+                *response.status_mut() = status;
+                Ok(response)
+            }
+        })
+    }
+
+    fn post(key: &str, body: &'static str) -> Request<Full<Bytes>> {
+        Request::post("/orders")
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    }
+
+    async fn body_of<B: Body<Data = Bytes>>(response: Response<B>) -> Bytes
+    where
+        B::Error: fmt::Debug,
+    {
+        response.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_retry_replays_instead_of_running_again() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let service = IdempotencyService::new(
+            counting_service(count.clone(), StatusCode::CREATED),
+            MemoryStore::new(),
+        );
+        let first = service.clone().oneshot(post("k", "a")).await.unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED);
+        assert!(first.headers().get(&crate::REPLAYED_HEADER).is_none());
+        assert_eq!(body_of(first).await, "run 1");
+
+        let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
+        assert_eq!(retry.status(), StatusCode::CREATED);
+        assert_eq!(retry.headers()[&crate::REPLAYED_HEADER], "true");
+        assert_eq!(body_of(retry).await, "run 1");
+
+        let reused = service.clone().oneshot(post("k", "b")).await.unwrap();
+        assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn try_again_statuses_release_the_key() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let service = IdempotencyService::new(
+            counting_service(count.clone(), StatusCode::TOO_MANY_REQUESTS),
+            MemoryStore::new(),
+        );
+        for _ in 0..2 {
+            let response = service.clone().oneshot(post("k", "a")).await.unwrap();
+            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn uncovered_methods_pass_through_without_a_key() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let service = IdempotencyService::new(
+            counting_service(count.clone(), StatusCode::OK),
+            MemoryStore::new(),
+        );
+        let get = Request::get("/orders")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        assert_eq!(service.oneshot(get).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+}
