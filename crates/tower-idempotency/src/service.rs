@@ -97,9 +97,11 @@ impl<S: fmt::Debug, St: fmt::Debug, M> fmt::Debug for IdempotencyService<S, St, 
     }
 }
 
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
 /// The response future of [`IdempotencyService`].
 pub struct ResponseFuture<B, E> {
-    inner: Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>,
+    inner: BoxFuture<Result<Response<ResponseBody<B>>, E>>,
 }
 
 impl<B, E> Future for ResponseFuture<B, E> {
@@ -145,7 +147,7 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         let inner = if layer.config.covers(req.method()) {
-            Box::pin(handle(inner, layer, req)) as Pin<Box<dyn Future<Output = _> + Send>>
+            Box::pin(handle(inner, layer, req)) as BoxFuture<_>
         } else {
             Box::pin(pass_through(inner, req))
         };
