@@ -1,4 +1,21 @@
 //! Background deletion of expired records.
+//!
+//! Every store treats an expired record as absent when claiming, so sweeping reclaims space, it
+//! does not decide correctness. SQL stores need it (Redis expires its keys by itself): without a
+//! sweeper, `idempotency_records` grows by one row per key forever.
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use tower_idempotency::{store::MemoryStore, sweeper::DEFAULT_SWEEP_BATCH, Sweeper};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let store = Arc::new(MemoryStore::new());
+//! let sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(60), DEFAULT_SWEEP_BATCH);
+//! // ... serve with `Idempotency::from_shared(store)` ...
+//! sweeper.stop().await;
+//! # }
+//! ```
 
 use std::{sync::Arc, time::Duration};
 
@@ -8,40 +25,62 @@ use crate::store::Store;
 /// briefly, large enough to clear a backlog quickly.
 pub const DEFAULT_SWEEP_BATCH: u32 = 1000;
 
-/// A handle on a background task that deletes expired records. The task stops when the handle
-/// is dropped.
+/// A handle on a background task that deletes expired records.
+///
+/// The task stops when the handle is dropped, or with [`stop`](Self::stop), which also waits
+/// for it. Errors are logged (`tracing`, target `tower_idempotency`) and the next tick tries
+/// again: a sweeper never stops on its own.
 #[derive(Debug)]
 pub struct Sweeper {
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Sweeper {
-    /// Every `every`, delete expired records from `store` in batches of `batch`, until a batch
-    /// comes back short.
+    /// Start sweeping `store` on the current tokio runtime: at once, then every `every`.
+    ///
+    /// Each round deletes expired records `batch` at a time, one [`Store::sweep`] call per batch,
+    /// and goes on while batches come back full, yielding between them, so a backlog clears in
+    /// bounded steps without one long-running delete. A zero `every` or `batch` is taken as the
+    /// smallest useful value (1 ms, 1 record).
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, like [`tokio::spawn`].
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use tower_idempotency::{store::MemoryStore, Sweeper};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let sweeper = Sweeper::spawn(Arc::new(MemoryStore::new()), Duration::from_secs(60), 500);
+    /// drop(sweeper); // stops the task
+    /// # }
+    /// ```
     pub fn spawn<St: Store>(store: Arc<St>, every: Duration, batch: u32) -> Self {
+        let every = every.max(Duration::from_millis(1));
+        let batch = batch.max(1);
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
-                loop {
-                    match store.sweep(batch).await {
-                        Ok(deleted) if deleted >= u64::from(batch) => {
-                            tokio::task::yield_now().await
-                        }
-                        Ok(_) => break,
-                        Err(err) => {
-                            tracing::warn!(target: "tower_idempotency", error = %err, "sweeping expired records failed; trying again next tick");
-                            break;
-                        }
-                    }
-                }
+                sweep_backlog(&*store, batch).await;
             }
         });
         Self { task: Some(task) }
     }
 
-    /// Stop the task and wait until it has stopped.
+    /// Stop the task and wait until it has stopped (a statement in progress is abandoned).
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use tower_idempotency::{store::MemoryStore, Sweeper};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let sweeper = Sweeper::spawn(Arc::new(MemoryStore::new()), Duration::from_secs(60), 500);
+    /// sweeper.stop().await;
+    /// # }
+    /// ```
     pub async fn stop(mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
@@ -55,5 +94,114 @@ impl Drop for Sweeper {
         if let Some(task) = &self.task {
             task.abort();
         }
+    }
+}
+
+/// One round: sweep batch after batch while they come back full. Returns how many were deleted.
+async fn sweep_backlog<St: Store>(store: &St, batch: u32) -> u64 {
+    let mut total = 0;
+    loop {
+        match store.sweep(batch).await {
+            Ok(deleted) => {
+                total += deleted;
+                if deleted < u64::from(batch) {
+                    if total > 0 {
+                        tracing::debug!(target: "tower_idempotency", deleted = total, "swept expired idempotency records");
+                    }
+                    return total;
+                }
+                tokio::task::yield_now().await;
+            }
+            Err(err) => {
+                tracing::warn!(target: "tower_idempotency", error = %err, "sweeping expired idempotency records failed; trying again next tick");
+                return total;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+    use super::*;
+    use crate::{
+        key::KeyHash,
+        store::{Claim, ClaimOutcome, Fenced, FencingToken, StoreError, StoredResponse},
+    };
+
+    /// A store with `backlog` expired records and an optional failure on the first call.
+    #[derive(Debug, Default)]
+    struct Backlog {
+        backlog: AtomicU64,
+        calls: AtomicU32,
+        fail_first: bool,
+    }
+
+    impl Store for Backlog {
+        async fn claim(&self, _: &Claim) -> Result<ClaimOutcome, StoreError> {
+            unimplemented!()
+        }
+        async fn renew(
+            &self,
+            _: &KeyHash,
+            _: FencingToken,
+            _: Duration,
+        ) -> Result<Fenced, StoreError> {
+            unimplemented!()
+        }
+        async fn complete(
+            &self,
+            _: &KeyHash,
+            _: FencingToken,
+            _: &StoredResponse,
+        ) -> Result<Fenced, StoreError> {
+            unimplemented!()
+        }
+        async fn release(&self, _: &KeyHash, _: FencingToken) -> Result<Fenced, StoreError> {
+            unimplemented!()
+        }
+        async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 && self.fail_first {
+                return Err(StoreError::new(
+                    crate::store::StoreErrorKind::Unavailable,
+                    "down",
+                ));
+            }
+            let left = self.backlog.load(Ordering::SeqCst);
+            let deleted = left.min(u64::from(batch));
+            self.backlog.store(left - deleted, Ordering::SeqCst);
+            Ok(deleted)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_backlog_is_cleared_in_batches_until_one_comes_back_short() {
+        let store = Backlog {
+            backlog: AtomicU64::new(2500),
+            ..Backlog::default()
+        };
+        assert_eq!(sweep_backlog(&store, 1000).await, 2500);
+        assert_eq!(store.calls.load(Ordering::SeqCst), 3);
+        // An exact multiple needs one more call to see the short (empty) batch.
+        store.backlog.store(2000, Ordering::SeqCst);
+        assert_eq!(sweep_backlog(&store, 1000).await, 2000);
+        assert_eq!(store.calls.load(Ordering::SeqCst), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_are_logged_and_the_next_tick_tries_again() {
+        let store = Arc::new(Backlog {
+            backlog: AtomicU64::new(10),
+            fail_first: true,
+            ..Backlog::default()
+        });
+        let sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(1), 0);
+        while store.backlog.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        sweeper.stop().await;
+        // One failed call, then ten batches of one and a final empty batch.
+        assert_eq!(store.calls.load(Ordering::SeqCst), 12);
     }
 }

@@ -1,0 +1,688 @@
+//! The PostgreSQL store (feature `postgres`): the default for real applications.
+//!
+//! Records live in the table `idempotency_records`, in the same database as the data they
+//! protect, which is what makes [transactional mode](crate::transaction) possible: the handler's
+//! writes and the saved response commit together.
+//!
+//! ```no_run
+//! use tower_idempotency::{store::postgres::{sqlx::PgPool, PostgresStore}, Idempotency};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = PgPool::connect("postgres://postgres@localhost/app").await?;
+//! let store = PostgresStore::new(pool.clone());
+//! store.migrate().await?; // creates idempotency_records if needed
+//! let layer = Idempotency::new(store); // or Idempotency::postgres(pool) if migrated elsewhere
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Atomicity
+//!
+//! Every operation is one SQL statement. A claim is one `INSERT .. ON CONFLICT (key) DO UPDATE ..
+//! WHERE <expired or lease lapsed> RETURNING ..`, joined in a CTE with a locking read of the
+//! existing row, so the outcome that was not a claim (in flight, mismatch, done) comes back in the
+//! same round trip. Time is the database's: `now()`, never the application's clock.
+//!
+//! # Migrations
+//!
+//! [`PostgresStore::migrate`] applies the embedded migrations and tracks them in its own table,
+//! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. It takes
+//! sqlx's advisory lock, so several instances may call it at start-up at once.
+//!
+//! If you run your own migrations instead, this is the schema the store expects (the same as
+//! `migrations/postgres/0001_idempotency_records.sql`):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS idempotency_records (
+//!     key         bytea       PRIMARY KEY CHECK (octet_length(key) = 32),
+//!     fingerprint bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
+//!     token       uuid        NOT NULL,
+//!     state       text        NOT NULL CHECK (state IN ('running', 'done')),
+//!     status      integer     CHECK (status BETWEEN 100 AND 999),
+//!     headers     bytea,
+//!     body        bytea,
+//!     created_at  timestamptz NOT NULL,
+//!     lease_until timestamptz NOT NULL,
+//!     expires_at  timestamptz NOT NULL,
+//!     CHECK ((state = 'done') = (status IS NOT NULL AND headers IS NOT NULL AND body IS NOT NULL))
+//! );
+//!
+//! CREATE INDEX IF NOT EXISTS idempotency_records_expires_at ON idempotency_records (expires_at);
+//! ```
+//!
+//! # Waiting
+//!
+//! [`Store::wait_for_change`] uses `LISTEN`/`NOTIFY` on the channel `tower_idempotency`:
+//! `complete` and `release` send the key's hex hash in the same statement (so a notification
+//! inside a transaction goes out only when it commits). Each store starts one listener in the
+//! background on the first wait, on a connection of its own (same options as the pool, outside
+//! it). Until it listens, or should it fail (for example behind PgBouncer in transaction mode,
+//! which cannot `LISTEN`), a wait lasts the timeout the layer gives, so it is always bounded.
+//!
+//! # Expiry
+//!
+//! Expired rows stay until swept: run a [`Sweeper`](crate::Sweeper) (or call
+//! [`Store::sweep`] from your own scheduler). An expired row is already treated as absent by
+//! `claim`, so sweeping is about space, not correctness.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use sqlx::{
+    migrate::{Migration, MigrationType, Migrator},
+    postgres::{PgListener, PgPool, PgPoolOptions, Postgres},
+    Row, SqlSafeStr,
+};
+use tokio::{sync::Notify, time::Instant};
+
+pub use sqlx;
+
+use super::{
+    Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
+    TransactionalStore,
+};
+use crate::{key::KeyHash, Idempotency};
+
+/// The table sqlx records applied migrations in, apart from the application's own.
+const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
+
+/// The `NOTIFY` channel `complete` and `release` announce a key's change on.
+const CHANNEL: &str = "tower_idempotency";
+
+/// How many times a claim is retried when it raced with an insert it could not see (see
+/// [`CLAIM`]). Two attempts settle it in practice; more only guard against pathological churn.
+const CLAIM_ATTEMPTS: usize = 8;
+
+/// How long after a failed start the listener is tried again; waiting sleeps meanwhile.
+const LISTENER_RETRY: Duration = Duration::from_secs(5);
+
+/// Claim in one statement.
+///
+/// `claimed` inserts the record, or overwrites it when it has expired (a fresh claim, any
+/// fingerprint) or when it is running with a lapsed lease and the same fingerprint (a takeover:
+/// new token and lease, original `created_at` and `expires_at`). `created_at <> now()` in its
+/// `RETURNING` tells a takeover from a fresh claim: a fresh claim writes `now()`, a takeover keeps
+/// a `created_at` at least one lease older.
+///
+/// When the `WHERE` fails, `ON CONFLICT` has still locked the latest version of the row, and
+/// `existing` reads it `FOR SHARE`: under READ COMMITTED a locking read follows the row to its
+/// latest committed version, so a row completed after this statement's snapshot was taken is read
+/// as it is now, not as the snapshot saw it. `existing` runs only when `claimed` is empty (a
+/// one-time filter), so it never touches a row this statement wrote.
+///
+/// One case remains: a row inserted by a transaction that committed after the snapshot. `ON
+/// CONFLICT` waits for it and sees it, but no read in this statement can: the statement returns
+/// no row, and [`PostgresStore::claim`] runs it again with a fresh snapshot.
+const CLAIM: &str = r#"
+WITH claimed AS (
+    INSERT INTO idempotency_records AS r
+        (key, fingerprint, token, state, created_at, lease_until, expires_at)
+    VALUES (
+        $1, $2, $3, 'running', now(),
+        now() + $4 * interval '1 millisecond',
+        now() + $5 * interval '1 millisecond'
+    )
+    ON CONFLICT (key) DO UPDATE SET
+        fingerprint = EXCLUDED.fingerprint,
+        token       = EXCLUDED.token,
+        state       = 'running',
+        status      = NULL,
+        headers     = NULL,
+        body        = NULL,
+        lease_until = EXCLUDED.lease_until,
+        created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
+        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
+    WHERE r.expires_at <= now()
+       OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
+    RETURNING r.created_at <> now() AS taken_over
+),
+existing AS (
+    SELECT e.fingerprint, e.state, e.status, e.headers, e.body, e.lease_until
+    FROM idempotency_records AS e
+    WHERE e.key = $1 AND NOT EXISTS (SELECT FROM claimed)
+    FOR SHARE
+)
+SELECT 'claimed' AS outcome, taken_over, NULL::bigint AS lease_remaining_ms,
+       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
+FROM claimed
+UNION ALL
+SELECT CASE WHEN fingerprint <> $2 THEN 'mismatch'
+            WHEN state = 'done' THEN 'done'
+            ELSE 'in_flight' END,
+       false,
+       greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
+       status, headers, body
+FROM existing
+"#;
+
+/// Extend the lease of the running record held with the token.
+const RENEW: &str = r#"
+UPDATE idempotency_records
+SET lease_until = now() + $3 * interval '1 millisecond'
+WHERE key = $1 AND token = $2 AND state = 'running'
+"#;
+
+/// Save the response on the running record held with the token (its expiry unchanged) and
+/// announce the change; the notification is sent when the transaction commits.
+const COMPLETE: &str = r#"
+WITH completed AS (
+    UPDATE idempotency_records
+    SET state = 'done', status = $3, headers = $4, body = $5
+    WHERE key = $1 AND token = $2 AND state = 'running'
+    RETURNING key
+)
+SELECT pg_notify('tower_idempotency', encode(key, 'hex')) FROM completed
+"#;
+
+/// Delete the running record held with the token and announce the change.
+const RELEASE: &str = r#"
+WITH released AS (
+    DELETE FROM idempotency_records
+    WHERE key = $1 AND token = $2 AND state = 'running'
+    RETURNING key
+)
+SELECT pg_notify('tower_idempotency', encode(key, 'hex')) FROM released
+"#;
+
+/// Delete up to `$1` expired records, skipping rows another statement holds.
+const SWEEP: &str = r#"
+DELETE FROM idempotency_records
+WHERE key IN (
+    SELECT key FROM idempotency_records
+    WHERE expires_at <= now()
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+"#;
+
+/// A [`Store`] on PostgreSQL, through an sqlx [`PgPool`].
+///
+/// Cloning is cheap and shares the pool and the notification listener.
+///
+/// ```no_run
+/// use tower_idempotency::store::postgres::{sqlx::PgPool, PostgresStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PostgresStore::new(PgPool::connect("postgres://postgres@localhost/app").await?);
+/// store.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    waiters: Arc<Waiters>,
+    listener: Mutex<ListenerState>,
+}
+
+impl PostgresStore {
+    /// A store on `pool`. Nothing is sent to the database until the first operation.
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                waiters: Arc::default(),
+                listener: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The pool the store runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// Create or upgrade the `idempotency_records` table.
+    ///
+    /// Applied versions are tracked in `_tower_idempotency_migrations`, so this never touches
+    /// the application's `_sqlx_migrations`. Safe to call on every start, from several processes
+    /// at once: sqlx serialises them with an advisory lock.
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::postgres::PostgresStore) {
+    /// store.migrate().await.expect("idempotency migrations");
+    /// # }
+    /// ```
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        migrator()
+            .run(&self.inner.pool)
+            .await
+            .map_err(|err| StoreError::new(StoreErrorKind::Migration, err))
+    }
+}
+
+fn migrator() -> Migrator {
+    let mut migrator = Migrator::with_migrations(vec![Migration::new(
+        1,
+        "idempotency records".into(),
+        MigrationType::Simple,
+        include_str!("../../../../migrations/postgres/0001_idempotency_records.sql").into_sql_str(),
+        false,
+    )]);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("pool", &self.inner.pool)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for PostgresStore {
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            let row = sqlx::query(CLAIM)
+                .bind(claim.key.as_bytes().as_slice())
+                .bind(claim.fingerprint.as_bytes().as_slice())
+                .bind(claim.token.as_uuid())
+                .bind(millis(claim.lease))
+                .bind(millis(claim.ttl))
+                .fetch_optional(&self.inner.pool)
+                .await?;
+            let Some(row) = row else {
+                // Raced with an insert committed after this statement's snapshot: see CLAIM.
+                continue;
+            };
+            let outcome: &str = row.try_get("outcome")?;
+            return match outcome {
+                "claimed" => Ok(ClaimOutcome::Claimed {
+                    taken_over: row.try_get("taken_over")?,
+                }),
+                "in_flight" => {
+                    let ms: Option<i64> = row.try_get("lease_remaining_ms")?;
+                    Ok(ClaimOutcome::InFlight {
+                        lease_remaining: remaining(ms),
+                    })
+                }
+                "mismatch" => Ok(ClaimOutcome::Mismatch),
+                "done" => Ok(ClaimOutcome::Done(saved_response(
+                    row.try_get("status")?,
+                    row.try_get("headers")?,
+                    row.try_get("body")?,
+                )?)),
+                _ => Err(StoreError::corrupt("the claim returned an unknown outcome")),
+            };
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Backend,
+            "the claim kept racing with concurrent inserts",
+        ))
+    }
+
+    async fn renew(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Fenced, StoreError> {
+        let done = sqlx::query(RENEW)
+            .bind(key.as_bytes().as_slice())
+            .bind(token.as_uuid())
+            .bind(millis(lease))
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(Fenced::from_rows(done.rows_affected()))
+    }
+
+    async fn complete(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        complete_on(&self.inner.pool, key, token, response).await
+    }
+
+    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
+        let done = sqlx::query(RELEASE)
+            .bind(key.as_bytes().as_slice())
+            .bind(token.as_uuid())
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(Fenced::from_rows(done.rows_affected()))
+    }
+
+    async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(SWEEP)
+            .bind(i64::from(batch))
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        // Register before the listener can deliver anything, so no notification slips between.
+        let waiter = self.inner.waiters.register(*key);
+        let notified = waiter.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        self.inner.ensure_listener();
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+}
+
+impl TransactionalStore for PostgresStore {
+    type Database = Postgres;
+
+    fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    async fn complete_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, Postgres>,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        complete_on(&mut **tx, key, token, response).await
+    }
+}
+
+/// [`COMPLETE`] on a pool or inside a transaction. The statement returns one row per record it
+/// completed, so its row count is the fencing result.
+async fn complete_on<'e>(
+    executor: impl sqlx::PgExecutor<'e>,
+    key: &KeyHash,
+    token: FencingToken,
+    response: &StoredResponse,
+) -> Result<Fenced, StoreError> {
+    let done = sqlx::query(COMPLETE)
+        .bind(key.as_bytes().as_slice())
+        .bind(token.as_uuid())
+        .bind(i32::from(response.status.as_u16()))
+        .bind(response.encode_headers())
+        .bind(response.body.as_ref())
+        .execute(executor)
+        .await?;
+    Ok(Fenced::from_rows(done.rows_affected()))
+}
+
+impl Idempotency<PostgresStore> {
+    /// A layer over a [`PostgresStore`] on `pool`.
+    ///
+    /// The table must exist: call [`PostgresStore::migrate`] first, or run the schema in the
+    /// [module docs](crate::store::postgres) with your own migrations.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::{store::postgres::sqlx::PgPool, Idempotency};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = PgPool::connect("postgres://postgres@localhost/app").await?;
+    /// let layer = Idempotency::postgres(pool);
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn postgres(pool: PgPool) -> Self {
+        Self::new(PostgresStore::new(pool))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Notifications
+// ---------------------------------------------------------------------------------------------
+
+/// The notification listener of one store: a task that connects, `LISTEN`s and then wakes the
+/// waiters of each key it hears about.
+#[derive(Default)]
+struct ListenerState {
+    task: Option<tokio::task::JoinHandle<()>>,
+    started_at: Option<Instant>,
+}
+
+impl Inner {
+    /// Make sure the listener task runs, starting it in the background if needed.
+    ///
+    /// The caller never waits for the connection: a wait that begins before the listener is
+    /// listening is bounded by its timeout like any other. A task that stopped (connection
+    /// refused, pool closed) is restarted at most once per [`LISTENER_RETRY`]; meanwhile waits
+    /// simply last their timeout.
+    fn ensure_listener(&self) {
+        let mut state = self.listener.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(task) = &state.task {
+            let recent = state
+                .started_at
+                .is_some_and(|at| at.elapsed() < LISTENER_RETRY);
+            if !task.is_finished() || recent {
+                return;
+            }
+        }
+        state.task = Some(tokio::spawn(listen(
+            self.pool.clone(),
+            self.waiters.clone(),
+        )));
+        state.started_at = Some(Instant::now());
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let state = self
+            .listener
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(task) = &state.task {
+            task.abort();
+        }
+    }
+}
+
+/// Connect and listen, then receive notifications until the listener fails.
+async fn listen(pool: PgPool, waiters: Arc<Waiters>) {
+    // A connection of its own, outside the application's pool: a listener holds its connection
+    // for good, which would starve a small pool.
+    let started = async {
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(pool.connect_options().as_ref().clone())
+            .await?;
+        let mut listener = PgListener::connect_with(&own).await?;
+        listener.listen(CHANNEL).await?;
+        Ok::<_, sqlx::Error>(listener)
+    };
+    let mut listener = match started.await {
+        Ok(listener) => listener,
+        Err(err) => {
+            tracing::warn!(
+                target: "tower_idempotency",
+                error = %err,
+                "cannot listen for idempotency notifications; waiting falls back to polling"
+            );
+            return;
+        }
+    };
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(notification)) => {
+                if let Some(key) = parse_key_hex(notification.payload()) {
+                    waiters.wake(&key);
+                }
+            }
+            // The connection was lost and re-established: notifications may have been missed.
+            Ok(None) => waiters.wake_all(),
+            Err(err) => {
+                tracing::warn!(
+                    target: "tower_idempotency",
+                    error = %err,
+                    "the idempotency notification listener stopped; a later wait restarts it"
+                );
+                waiters.wake_all();
+                return;
+            }
+        }
+    }
+}
+
+/// Per-key wake-ups for the waiters of this process. An entry lives while someone waits on it.
+#[derive(Debug, Default)]
+struct Waiters {
+    map: Mutex<HashMap<KeyHash, (Arc<Notify>, usize)>>,
+}
+
+impl Waiters {
+    fn register(self: &Arc<Self>, key: KeyHash) -> Waiter {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = map.entry(key).or_insert_with(|| (Arc::default(), 0));
+        entry.1 += 1;
+        Waiter {
+            notify: entry.0.clone(),
+            key,
+            waiters: self.clone(),
+        }
+    }
+
+    fn wake(&self, key: &KeyHash) {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((notify, _)) = map.get(key) {
+            notify.notify_waiters();
+        }
+    }
+
+    fn wake_all(&self) {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        for (notify, _) in map.values() {
+            notify.notify_waiters();
+        }
+    }
+}
+
+/// One registered waiter; unregisters on drop.
+struct Waiter {
+    notify: Arc<Notify>,
+    key: KeyHash,
+    waiters: Arc<Waiters>,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut map = self
+            .waiters
+            .map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = map.get_mut(&self.key) {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// A key hash from the hex text of a notification; `None` for anything else on the channel.
+fn parse_key_hex(hex: &str) -> Option<KeyHash> {
+    let hex = hex.as_bytes();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    for (byte, pair) in key.iter_mut().zip(hex.chunks_exact(2)) {
+        let digit = |c: u8| (c as char).to_digit(16);
+        *byte = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
+    }
+    Some(KeyHash(key))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversions
+// ---------------------------------------------------------------------------------------------
+
+/// The longest lease or retention the store writes: 100 years, far beyond any useful setting
+/// and far inside the range of a timestamp.
+const MAX_MILLIS: i64 = 100 * 365 * 24 * 60 * 60 * 1000;
+
+/// A duration in whole milliseconds for the SQL, at least 1 (a zero lease would make a claim
+/// indistinguishable from a takeover) and at most [`MAX_MILLIS`].
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis())
+        .unwrap_or(MAX_MILLIS)
+        .clamp(1, MAX_MILLIS)
+}
+
+/// The lease left, from the milliseconds the claim computed.
+fn remaining(ms: Option<i64>) -> Duration {
+    Duration::from_millis(ms.and_then(|ms| u64::try_from(ms).ok()).unwrap_or(0))
+}
+
+/// The saved response of a `done` record.
+fn saved_response(
+    status: Option<i32>,
+    headers: Option<Vec<u8>>,
+    body: Option<Vec<u8>>,
+) -> Result<StoredResponse, StoreError> {
+    let (Some(status), Some(headers), Some(body)) = (status, headers, body) else {
+        return Err(StoreError::corrupt("a done record has no saved response"));
+    };
+    let status = u16::try_from(status).map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
+    StoredResponse::from_parts(status, &headers, Bytes::from(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_are_clamped() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(1500)), 1);
+        assert_eq!(millis(Duration::from_secs(30)), 30_000);
+        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
+    }
+
+    #[test]
+    fn notification_payloads_parse_as_key_hashes() {
+        let key = KeyHash([0xab; 32]);
+        assert_eq!(parse_key_hex(&key.to_hex()), Some(key));
+        assert_eq!(parse_key_hex(&"AB".repeat(32)), Some(key));
+        assert_eq!(parse_key_hex("abc"), None);
+        assert_eq!(parse_key_hex(&"zz".repeat(32)), None);
+        assert_eq!(parse_key_hex(&"é".repeat(32)), None);
+    }
+
+    #[test]
+    fn remaining_is_never_negative() {
+        assert_eq!(remaining(Some(-5)), Duration::ZERO);
+        assert_eq!(remaining(None), Duration::ZERO);
+        assert_eq!(remaining(Some(1500)), Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn a_done_record_without_a_response_is_corrupt() {
+        let err = saved_response(None, Some(vec![]), Some(vec![])).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        let err = saved_response(Some(-1), Some(vec![]), Some(vec![])).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        let ok = saved_response(Some(201), Some(b"x-a: 1\n".to_vec()), Some(b"hi".to_vec()));
+        assert_eq!(ok.unwrap().status, http::StatusCode::CREATED);
+    }
+
+    #[test]
+    fn waiters_are_removed_when_the_last_one_leaves() {
+        let waiters = Arc::new(Waiters::default());
+        let key = KeyHash([1; 32]);
+        let a = waiters.register(key);
+        let b = waiters.register(key);
+        assert!(Arc::ptr_eq(&a.notify, &b.notify));
+        drop(a);
+        assert_eq!(waiters.map.lock().unwrap().len(), 1);
+        drop(b);
+        assert!(waiters.map.lock().unwrap().is_empty());
+    }
+}

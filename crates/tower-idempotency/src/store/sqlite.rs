@@ -1,0 +1,592 @@
+//! The SQLite store (feature `sqlite`): embedded, single node.
+//!
+//! Records live in the table `idempotency_records`, in the same database file as the data they
+//! protect, which is what makes [transactional mode](crate::transaction) possible: the handler's
+//! writes and the saved response commit together.
+//!
+//! ```no_run
+//! use tower_idempotency::{store::sqlite::{sqlx::SqlitePool, SqliteStore}, Idempotency};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = SqlitePool::connect("sqlite://app.db?mode=rwc").await?;
+//! let store = SqliteStore::new(pool.clone());
+//! store.migrate().await?; // creates idempotency_records if needed
+//! let layer = Idempotency::new(store); // or Idempotency::sqlite(pool) if migrated elsewhere
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Use WAL mode (`journal_mode=WAL`) and a busy timeout, as for any SQLite database written from
+//! several connections. SQLite 3.37 or newer is required (`RETURNING`, `STRICT` tables); the
+//! bundled library is newer.
+//!
+//! # Atomicity
+//!
+//! Every operation is one SQL statement, and SQLite runs one writing statement at a time. A claim
+//! is one `INSERT .. ON CONFLICT (key) DO UPDATE .. RETURNING ..` that decides every outcome and
+//! returns the record as it stands afterwards, claimed or not. Time is SQLite's clock
+//! (`julianday('now')`), in milliseconds since the Unix epoch, never the application's.
+//!
+//! # Migrations
+//!
+//! [`SqliteStore::migrate`] applies the embedded migrations and tracks them in its own table,
+//! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. Several
+//! processes may call it at start-up at once.
+//!
+//! If you run your own migrations instead, this is the schema the store expects (the same as
+//! `migrations/sqlite/0001_idempotency_records.sql`):
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS idempotency_records (
+//!     key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
+//!     fingerprint BLOB    NOT NULL CHECK (length(fingerprint) = 32),
+//!     token       BLOB    NOT NULL CHECK (length(token) = 16),
+//!     state       TEXT    NOT NULL CHECK (state IN ('running', 'done')),
+//!     status      INTEGER CHECK (status BETWEEN 100 AND 999),
+//!     headers     BLOB,
+//!     body        BLOB,
+//!     created_at  INTEGER NOT NULL,
+//!     lease_until INTEGER NOT NULL,
+//!     expires_at  INTEGER NOT NULL,
+//!     CHECK ((state = 'done') = (status IS NOT NULL AND headers IS NOT NULL AND body IS NOT NULL))
+//! ) STRICT;
+//!
+//! CREATE INDEX IF NOT EXISTS idempotency_records_expires_at ON idempotency_records (expires_at);
+//! ```
+//!
+//! # Waiting
+//!
+//! SQLite cannot notify other connections. [`Store::wait_for_change`] wakes early when this
+//! store (or a clone of it) completes or releases the key in this process; otherwise it waits for
+//! the timeout the layer gives, so it is always bounded.
+//!
+//! # Expiry
+//!
+//! Expired rows stay until swept: run a [`Sweeper`](crate::Sweeper) (or call
+//! [`Store::sweep`] from your own scheduler). An expired row is already treated as absent by
+//! `claim`, so sweeping is about space, not correctness.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use sqlx::{
+    migrate::{MigrateError, Migration, MigrationType, Migrator},
+    sqlite::{Sqlite, SqlitePool},
+    Row, SqlSafeStr,
+};
+use tokio::{sync::Notify, time::Instant};
+
+pub use sqlx;
+
+use super::{
+    Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
+    TransactionalStore,
+};
+use crate::{key::KeyHash, Idempotency};
+
+/// The table sqlx records applied migrations in, apart from the application's own.
+const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
+
+/// How many times `migrate` runs when another process applied the same migration meanwhile.
+const MIGRATE_ATTEMPTS: usize = 3;
+
+/// Claim in one statement.
+///
+/// The clock is read once: `clock.now` becomes `excluded.created_at`, and SQLite returns the
+/// same `'now'` for every call within one step of a statement, which covers the `RETURNING`
+/// clause (all changes and returned values are produced in the first step).
+///
+/// `DO UPDATE` always writes, so that `RETURNING` always yields the record as it stands after
+/// the statement. Each column takes the claim's value when the record has expired (a fresh
+/// claim, any fingerprint), the token and lease take it when the record is running with a lapsed
+/// lease and the same fingerprint (a takeover, keeping `created_at` and `expires_at`), and
+/// otherwise every column keeps its value. The returned token equals ours exactly when we hold
+/// the key; `created_at <> now` tells a takeover from a fresh claim.
+///
+/// Atomic because it is one statement and SQLite runs one writer at a time: no other write can
+/// fall between the decision and the claim, or between the claim and the read of the outcome.
+/// The price of the single statement is that a claim that loses still rewrites its row; a
+/// transaction of an `INSERT .. WHERE` and a `SELECT` would avoid that write, but take the same
+/// write lock for three round trips instead of one.
+const CLAIM: &str = r#"
+INSERT INTO idempotency_records AS r
+    (key, fingerprint, token, state, created_at, lease_until, expires_at)
+SELECT ?1, ?2, ?3, 'running', clock.now, clock.now + ?4, clock.now + ?5
+FROM (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now) AS clock
+WHERE true
+ON CONFLICT (key) DO UPDATE SET
+    fingerprint = iif(r.expires_at <= excluded.created_at, excluded.fingerprint, r.fingerprint),
+    token       = iif(r.expires_at <= excluded.created_at
+                      OR (r.state = 'running' AND r.lease_until <= excluded.created_at
+                          AND r.fingerprint = excluded.fingerprint),
+                      excluded.token, r.token),
+    state       = iif(r.expires_at <= excluded.created_at, 'running', r.state),
+    status      = iif(r.expires_at <= excluded.created_at, NULL, r.status),
+    headers     = iif(r.expires_at <= excluded.created_at, NULL, r.headers),
+    body        = iif(r.expires_at <= excluded.created_at, NULL, r.body),
+    created_at  = iif(r.expires_at <= excluded.created_at, excluded.created_at, r.created_at),
+    lease_until = iif(r.expires_at <= excluded.created_at
+                      OR (r.state = 'running' AND r.lease_until <= excluded.created_at
+                          AND r.fingerprint = excluded.fingerprint),
+                      excluded.lease_until, r.lease_until),
+    expires_at  = iif(r.expires_at <= excluded.created_at, excluded.expires_at, r.expires_at)
+RETURNING
+    CASE WHEN token = ?3 THEN 'claimed'
+         WHEN fingerprint <> ?2 THEN 'mismatch'
+         WHEN state = 'done' THEN 'done'
+         ELSE 'in_flight' END AS outcome,
+    created_at <> CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)
+        AS taken_over,
+    max(0, lease_until - CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER))
+        AS lease_remaining_ms,
+    status, headers, body
+"#;
+
+/// Extend the lease of the running record held with the token.
+const RENEW: &str = r#"
+UPDATE idempotency_records
+SET lease_until = CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) + ?3
+WHERE key = ?1 AND token = ?2 AND state = 'running'
+"#;
+
+/// Save the response on the running record held with the token (its expiry unchanged).
+const COMPLETE: &str = r#"
+UPDATE idempotency_records
+SET state = 'done', status = ?3, headers = ?4, body = ?5
+WHERE key = ?1 AND token = ?2 AND state = 'running'
+"#;
+
+/// Delete the running record held with the token.
+const RELEASE: &str = r#"
+DELETE FROM idempotency_records
+WHERE key = ?1 AND token = ?2 AND state = 'running'
+"#;
+
+/// Delete up to `?1` expired records.
+const SWEEP: &str = r#"
+DELETE FROM idempotency_records
+WHERE key IN (
+    SELECT key FROM idempotency_records
+    WHERE expires_at <= CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)
+    LIMIT ?1
+)
+"#;
+
+/// A [`Store`] on SQLite, through an sqlx [`SqlitePool`].
+///
+/// Cloning is cheap and shares the pool and the waiters of this process.
+///
+/// ```no_run
+/// use tower_idempotency::store::sqlite::{sqlx::SqlitePool, SqliteStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = SqliteStore::new(SqlitePool::connect("sqlite://app.db?mode=rwc").await?);
+/// store.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: SqlitePool,
+    waiters: Arc<Waiters>,
+}
+
+impl SqliteStore {
+    /// A store on `pool`. Nothing is sent to the database until the first operation.
+    pub fn new(pool: SqlitePool) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                waiters: Arc::default(),
+            }),
+        }
+    }
+
+    /// The pool the store runs on.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.inner.pool
+    }
+
+    /// Create or upgrade the `idempotency_records` table.
+    ///
+    /// Applied versions are tracked in `_tower_idempotency_migrations`, so this never touches
+    /// the application's `_sqlx_migrations`. Safe to call on every start, from several processes
+    /// at once: the schema is created with `IF NOT EXISTS`, and a run that loses the race to
+    /// record a version runs again and finds it applied.
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::sqlite::SqliteStore) {
+    /// store.migrate().await.expect("idempotency migrations");
+    /// # }
+    /// ```
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let migrator = migrator();
+        let mut attempt = 1;
+        loop {
+            match migrator.run(&self.inner.pool).await {
+                Ok(()) => return Ok(()),
+                Err(MigrateError::Execute(_) | MigrateError::ExecuteMigration(..))
+                    if attempt < MIGRATE_ATTEMPTS =>
+                {
+                    attempt += 1;
+                }
+                Err(err) => return Err(StoreError::new(StoreErrorKind::Migration, err)),
+            }
+        }
+    }
+}
+
+fn migrator() -> Migrator {
+    let mut migrator = Migrator::with_migrations(vec![Migration::new(
+        1,
+        "idempotency records".into(),
+        MigrationType::Simple,
+        include_str!("../../../../migrations/sqlite/0001_idempotency_records.sql").into_sql_str(),
+        false,
+    )]);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("pool", &self.inner.pool)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for SqliteStore {
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
+        let row = sqlx::query(CLAIM)
+            .bind(claim.key.as_bytes().as_slice())
+            .bind(claim.fingerprint.as_bytes().as_slice())
+            .bind(claim.token.as_uuid())
+            .bind(millis(claim.lease))
+            .bind(millis(claim.ttl))
+            .fetch_one(&self.inner.pool)
+            .await?;
+        let outcome: &str = row.try_get("outcome")?;
+        match outcome {
+            "claimed" => Ok(ClaimOutcome::Claimed {
+                taken_over: row.try_get("taken_over")?,
+            }),
+            "in_flight" => {
+                let ms: Option<i64> = row.try_get("lease_remaining_ms")?;
+                Ok(ClaimOutcome::InFlight {
+                    lease_remaining: remaining(ms),
+                })
+            }
+            "mismatch" => Ok(ClaimOutcome::Mismatch),
+            "done" => Ok(ClaimOutcome::Done(saved_response(
+                row.try_get("status")?,
+                row.try_get("headers")?,
+                row.try_get("body")?,
+            )?)),
+            _ => Err(StoreError::corrupt("the claim returned an unknown outcome")),
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Fenced, StoreError> {
+        let done = sqlx::query(RENEW)
+            .bind(key.as_bytes().as_slice())
+            .bind(token.as_uuid())
+            .bind(millis(lease))
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(Fenced::from_rows(done.rows_affected()))
+    }
+
+    async fn complete(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        let fenced = complete_on(&self.inner.pool, key, token, response).await?;
+        if fenced.applied() {
+            self.inner.waiters.wake(key);
+        }
+        Ok(fenced)
+    }
+
+    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
+        let done = sqlx::query(RELEASE)
+            .bind(key.as_bytes().as_slice())
+            .bind(token.as_uuid())
+            .execute(&self.inner.pool)
+            .await?;
+        let fenced = Fenced::from_rows(done.rows_affected());
+        if fenced.applied() {
+            self.inner.waiters.wake(key);
+        }
+        Ok(fenced)
+    }
+
+    async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(SWEEP)
+            .bind(i64::from(batch))
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let waiter = self.inner.waiters.register(*key);
+        let notified = waiter.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+}
+
+impl TransactionalStore for SqliteStore {
+    type Database = Sqlite;
+
+    fn pool(&self) -> &SqlitePool {
+        &self.inner.pool
+    }
+
+    /// Waiters are woken as soon as the update is made, before the commit: their next claim
+    /// needs SQLite's write lock, which this transaction holds until it commits or rolls back,
+    /// so they read the committed outcome (or, after a rollback, the record still running).
+    async fn complete_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, Sqlite>,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        let fenced = complete_on(&mut **tx, key, token, response).await?;
+        if fenced.applied() {
+            self.inner.waiters.wake(key);
+        }
+        Ok(fenced)
+    }
+}
+
+/// [`COMPLETE`] on a pool or inside a transaction.
+async fn complete_on<'e>(
+    executor: impl sqlx::SqliteExecutor<'e>,
+    key: &KeyHash,
+    token: FencingToken,
+    response: &StoredResponse,
+) -> Result<Fenced, StoreError> {
+    let done = sqlx::query(COMPLETE)
+        .bind(key.as_bytes().as_slice())
+        .bind(token.as_uuid())
+        .bind(i32::from(response.status.as_u16()))
+        .bind(response.encode_headers())
+        .bind(response.body.as_ref())
+        .execute(executor)
+        .await?;
+    Ok(Fenced::from_rows(done.rows_affected()))
+}
+
+impl Idempotency<SqliteStore> {
+    /// A layer over a [`SqliteStore`] on `pool`.
+    ///
+    /// The table must exist: call [`SqliteStore::migrate`] first, or run the schema in the
+    /// [module docs](crate::store::sqlite) with your own migrations.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::{store::sqlite::sqlx::SqlitePool, Idempotency};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = SqlitePool::connect("sqlite://app.db?mode=rwc").await?;
+    /// let layer = Idempotency::sqlite(pool);
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn sqlite(pool: SqlitePool) -> Self {
+        Self::new(SqliteStore::new(pool))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Notifications
+// ---------------------------------------------------------------------------------------------
+
+/// Per-key wake-ups for the waiters of this process. An entry lives while someone waits on it.
+#[derive(Debug, Default)]
+struct Waiters {
+    map: Mutex<HashMap<KeyHash, (Arc<Notify>, usize)>>,
+}
+
+impl Waiters {
+    fn register(self: &Arc<Self>, key: KeyHash) -> Waiter {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = map.entry(key).or_insert_with(|| (Arc::default(), 0));
+        entry.1 += 1;
+        Waiter {
+            notify: entry.0.clone(),
+            key,
+            waiters: self.clone(),
+        }
+    }
+
+    fn wake(&self, key: &KeyHash) {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((notify, _)) = map.get(key) {
+            notify.notify_waiters();
+        }
+    }
+}
+
+/// One registered waiter; unregisters on drop.
+struct Waiter {
+    notify: Arc<Notify>,
+    key: KeyHash,
+    waiters: Arc<Waiters>,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut map = self
+            .waiters
+            .map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = map.get_mut(&self.key) {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversions
+// ---------------------------------------------------------------------------------------------
+
+/// The longest lease or retention the store writes: 100 years, far beyond any useful setting
+/// and far inside the range of the millisecond columns.
+const MAX_MILLIS: i64 = 100 * 365 * 24 * 60 * 60 * 1000;
+
+/// A duration in whole milliseconds for the SQL, at least 1 (a zero lease would make a claim
+/// indistinguishable from a takeover) and at most [`MAX_MILLIS`].
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis())
+        .unwrap_or(MAX_MILLIS)
+        .clamp(1, MAX_MILLIS)
+}
+
+/// The lease left, from the milliseconds the claim computed.
+fn remaining(ms: Option<i64>) -> Duration {
+    Duration::from_millis(ms.and_then(|ms| u64::try_from(ms).ok()).unwrap_or(0))
+}
+
+/// The saved response of a `done` record.
+fn saved_response(
+    status: Option<i32>,
+    headers: Option<Vec<u8>>,
+    body: Option<Vec<u8>>,
+) -> Result<StoredResponse, StoreError> {
+    let (Some(status), Some(headers), Some(body)) = (status, headers, body) else {
+        return Err(StoreError::corrupt("a done record has no saved response"));
+    };
+    let status = u16::try_from(status).map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
+    StoredResponse::from_parts(status, &headers, Bytes::from(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_are_clamped() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(1500)), 1);
+        assert_eq!(millis(Duration::from_secs(30)), 30_000);
+        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
+    }
+
+    #[test]
+    fn remaining_is_never_negative() {
+        assert_eq!(remaining(Some(-5)), Duration::ZERO);
+        assert_eq!(remaining(None), Duration::ZERO);
+        assert_eq!(remaining(Some(1500)), Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn a_done_record_without_a_response_is_corrupt() {
+        let err = saved_response(None, Some(vec![]), Some(vec![])).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        let err = saved_response(Some(-1), Some(vec![]), Some(vec![])).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        let ok = saved_response(Some(201), Some(b"x-a: 1\n".to_vec()), Some(b"hi".to_vec()));
+        assert_eq!(ok.unwrap().status, http::StatusCode::CREATED);
+    }
+
+    #[test]
+    fn waiters_are_removed_when_the_last_one_leaves() {
+        let waiters = Arc::new(Waiters::default());
+        let key = KeyHash([1; 32]);
+        let a = waiters.register(key);
+        let b = waiters.register(key);
+        assert!(Arc::ptr_eq(&a.notify, &b.notify));
+        drop(a);
+        assert_eq!(waiters.map.lock().unwrap().len(), 1);
+        drop(b);
+        assert!(waiters.map.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn in_memory_database_claims_and_replays() {
+        use sqlx::sqlite::SqlitePoolOptions;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        let store = SqliteStore::new(pool);
+        store.migrate().await.unwrap();
+        let claim = Claim {
+            key: KeyHash([7; 32]),
+            fingerprint: crate::Fingerprint([8; 32]),
+            token: FencingToken::new(),
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(60),
+        };
+        assert_eq!(
+            store.claim(&claim).await.unwrap(),
+            ClaimOutcome::Claimed { taken_over: false }
+        );
+        let saved = StoredResponse {
+            status: http::StatusCode::CREATED,
+            headers: http::HeaderMap::new(),
+            body: Bytes::from_static(b"{}"),
+        };
+        assert!(store
+            .complete(&claim.key, claim.token, &saved)
+            .await
+            .unwrap()
+            .applied());
+        let again = Claim {
+            token: FencingToken::new(),
+            ..claim
+        };
+        assert_eq!(
+            store.claim(&again).await.unwrap(),
+            ClaimOutcome::Done(saved)
+        );
+    }
+}
