@@ -40,7 +40,7 @@ pub async fn fresh_postgres_pool(max_connections: u32) -> sqlx::PgPool {
         .await
         .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
     admin
-        .execute(format!(r#"CREATE DATABASE "{db}""#).as_str())
+        .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{db}""#)))
         .await
         .expect("create test database");
     let mut opts: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
