@@ -1,0 +1,137 @@
+//! The SQL the handlers run, for PostgreSQL and SQLite.
+//!
+//! The statements are the same text for both (`$N` placeholders work in each); only the sqlx
+//! types differ, so one macro writes both implementations.
+
+use std::future::Future;
+
+use sqlx::{Pool, Row};
+use tower_idempotency::{
+    store::{postgres::PostgresStore, sqlite::SqliteStore, TransactionalStore},
+    Idempotency, IdempotencyTransaction,
+};
+
+use crate::routes::Order;
+
+/// The most orders `GET /orders?customerId=` returns.
+pub(crate) const LIST_LIMIT: i64 = 1000;
+
+const INSERT_ORDER: &str =
+    "INSERT INTO orders (order_id, customer_id, total_cents, status) VALUES ($1, $2, $3, $4)";
+const FIND_ORDER: &str =
+    "SELECT order_id, customer_id, total_cents, status FROM orders WHERE order_id = $1";
+const ORDERS_OF: &str = "SELECT order_id, customer_id, total_cents, status FROM orders \
+     WHERE customer_id = $1 ORDER BY created_at, order_id LIMIT $2";
+const PING: &str = "SELECT 1";
+
+/// A database the orders API runs on: its idempotency store and its queries.
+pub(crate) trait Backend: sqlx::Database {
+    /// The idempotency store on this database.
+    type Store: TransactionalStore<Database = Self>;
+
+    /// The idempotency layer over `pool`.
+    fn idempotency(pool: Pool<Self>) -> Idempotency<Self::Store>;
+
+    /// Insert `order` inside the idempotency transaction (begun here, on first use).
+    fn insert_order(
+        tx: &IdempotencyTransaction<Self>,
+        order: &Order,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// The order with this id.
+    fn find_order(
+        pool: &Pool<Self>,
+        order_id: &str,
+    ) -> impl Future<Output = Result<Option<Order>, sqlx::Error>> + Send;
+
+    /// The orders of a customer, oldest first, at most [`LIST_LIMIT`].
+    fn orders_of(
+        pool: &Pool<Self>,
+        customer_id: &str,
+    ) -> impl Future<Output = Result<Vec<Order>, sqlx::Error>> + Send;
+
+    /// `SELECT 1`.
+    fn ping(pool: &Pool<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+macro_rules! backend {
+    ($db:ty, $store:ty, $layer:ident, $row:ty) => {
+        impl Backend for $db {
+            type Store = $store;
+
+            fn idempotency(pool: Pool<Self>) -> Idempotency<Self::Store> {
+                Idempotency::$layer(pool)
+            }
+
+            async fn insert_order(
+                tx: &IdempotencyTransaction<Self>,
+                order: &Order,
+            ) -> Result<(), sqlx::Error> {
+                let mut tx = tx.begin().await?;
+                sqlx::query(INSERT_ORDER)
+                    .bind(&order.order_id)
+                    .bind(&order.customer_id)
+                    .bind(order.total_cents)
+                    .bind(&order.status)
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            }
+
+            async fn find_order(
+                pool: &Pool<Self>,
+                order_id: &str,
+            ) -> Result<Option<Order>, sqlx::Error> {
+                let row = sqlx::query(FIND_ORDER)
+                    .bind(order_id)
+                    .fetch_optional(pool)
+                    .await?;
+                row.as_ref().map(order_from_row).transpose()
+            }
+
+            async fn orders_of(
+                pool: &Pool<Self>,
+                customer_id: &str,
+            ) -> Result<Vec<Order>, sqlx::Error> {
+                let rows = sqlx::query(ORDERS_OF)
+                    .bind(customer_id)
+                    .bind(LIST_LIMIT)
+                    .fetch_all(pool)
+                    .await?;
+                rows.iter().map(order_from_row).collect()
+            }
+
+            async fn ping(pool: &Pool<Self>) -> Result<(), sqlx::Error> {
+                sqlx::query(PING).execute(pool).await.map(drop)
+            }
+        }
+
+        impl OrderRow for $row {
+            fn order(&self) -> Result<Order, sqlx::Error> {
+                Ok(Order {
+                    order_id: self.try_get("order_id")?,
+                    customer_id: self.try_get("customer_id")?,
+                    total_cents: self.try_get("total_cents")?,
+                    status: self.try_get("status")?,
+                })
+            }
+        }
+    };
+}
+
+/// Decoding an order from a row of either database.
+trait OrderRow {
+    fn order(&self) -> Result<Order, sqlx::Error>;
+}
+
+fn order_from_row(row: &impl OrderRow) -> Result<Order, sqlx::Error> {
+    row.order()
+}
+
+backend!(
+    sqlx::Postgres,
+    PostgresStore,
+    postgres,
+    sqlx::postgres::PgRow
+);
+backend!(sqlx::Sqlite, SqliteStore, sqlite, sqlx::sqlite::SqliteRow);

@@ -1,0 +1,205 @@
+//! Configuration, from the environment.
+
+use std::{fmt, net::SocketAddr, time::Duration};
+
+/// What the router needs: the simulated payment latency and the idempotency lease and retention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// How long the simulated payment provider takes (`PAYMENT_LATENCY_MS`, default 0).
+    pub payment_latency: Duration,
+    /// How long a claim stays valid without a heartbeat (`IDEMPOTENCY_LEASE_MS`, default 30 s).
+    pub lease: Duration,
+    /// How long an answer is kept for replays (`IDEMPOTENCY_TTL_SECS`, default 24 h).
+    pub ttl: Duration,
+}
+
+impl Default for Config {
+    /// No payment latency, a 30 s lease, 24 h retention.
+    fn default() -> Self {
+        Self {
+            payment_latency: Duration::ZERO,
+            lease: tower_idempotency::DEFAULT_LEASE,
+            ttl: tower_idempotency::DEFAULT_TTL,
+        }
+    }
+}
+
+/// Everything the binary reads from its environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `DATABASE_URL`: `postgres://...` or `sqlite://...`; `None` for the default SQLite file.
+    pub database_url: Option<String>,
+    /// `BIND_ADDR` (default `127.0.0.1:3000`; port 0 picks a free port).
+    pub bind_addr: SocketAddr,
+    /// The router's configuration.
+    pub config: Config,
+}
+
+/// The address served on when `BIND_ADDR` is not set.
+pub const DEFAULT_BIND_ADDR: &str = "127.0.0.1:3000";
+
+impl Settings {
+    /// Read the settings from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Read the settings through `var` (the environment, or a map in tests). An unset or empty
+    /// variable takes its default; a value that does not parse is an error naming the variable.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let database_url = get("DATABASE_URL");
+        if let Some(url) = &database_url {
+            let known = ["postgres://", "postgresql://", "sqlite:"];
+            if !known.iter().any(|prefix| url.starts_with(prefix)) {
+                return Err(ConfigError::new(
+                    "DATABASE_URL",
+                    url,
+                    "a postgres://... or sqlite://... URL (unset: the SQLite file orders.db)",
+                ));
+            }
+        }
+        let bind_addr = match get("BIND_ADDR") {
+            None => DEFAULT_BIND_ADDR
+                .parse()
+                .expect("the default address parses"),
+            Some(v) => v.trim().parse().map_err(|_| {
+                ConfigError::new(
+                    "BIND_ADDR",
+                    &v,
+                    "an IP address and port, like 127.0.0.1:3000",
+                )
+            })?,
+        };
+        let number =
+            |name: &'static str, default: u64, min: u64, expected: &'static str| match get(name) {
+                None => Ok(default),
+                Some(v) => match v.trim().parse::<u64>() {
+                    Ok(n) if n >= min => Ok(n),
+                    _ => Err(ConfigError::new(name, &v, expected)),
+                },
+            };
+        let defaults = Config::default();
+        let config = Config {
+            payment_latency: Duration::from_millis(number(
+                "PAYMENT_LATENCY_MS",
+                0,
+                0,
+                "a whole number of milliseconds, like 250",
+            )?),
+            lease: Duration::from_millis(number(
+                "IDEMPOTENCY_LEASE_MS",
+                millis(defaults.lease),
+                10,
+                "a whole number of milliseconds, at least 10, like 30000",
+            )?),
+            ttl: Duration::from_secs(number(
+                "IDEMPOTENCY_TTL_SECS",
+                defaults.ttl.as_secs(),
+                1,
+                "a whole number of seconds, at least 1, like 86400",
+            )?),
+        };
+        Ok(Self {
+            database_url,
+            bind_addr,
+            config,
+        })
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// An environment variable whose value cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The variable.
+    pub variable: &'static str,
+    /// Its value.
+    pub value: String,
+    /// What it should look like.
+    pub expected: &'static str,
+}
+
+impl ConfigError {
+    fn new(variable: &'static str, value: &str, expected: &'static str) -> Self {
+        Self {
+            variable,
+            value: value.to_owned(),
+            expected,
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}={:?} is not valid: expected {}",
+            self.variable, self.value, self.expected
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::from_vars(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn defaults_apply_when_unset_or_empty() {
+        let s = settings(&[("PAYMENT_LATENCY_MS", "")]).unwrap();
+        assert_eq!(s.database_url, None);
+        assert_eq!(s.bind_addr, "127.0.0.1:3000".parse().unwrap());
+        assert_eq!(s.config, Config::default());
+        assert_eq!(s.config.lease, Duration::from_secs(30));
+        assert_eq!(s.config.ttl, Duration::from_secs(86400));
+    }
+
+    #[test]
+    fn values_are_read() {
+        let s = settings(&[
+            ("DATABASE_URL", "postgres://postgres@127.0.0.1/test"),
+            ("BIND_ADDR", "127.0.0.1:0"),
+            ("PAYMENT_LATENCY_MS", "3000"),
+            ("IDEMPOTENCY_LEASE_MS", "1000"),
+            ("IDEMPOTENCY_TTL_SECS", "60"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.database_url.as_deref(),
+            Some("postgres://postgres@127.0.0.1/test")
+        );
+        assert_eq!(s.bind_addr.port(), 0);
+        assert_eq!(s.config.payment_latency, Duration::from_secs(3));
+        assert_eq!(s.config.lease, Duration::from_secs(1));
+        assert_eq!(s.config.ttl, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (name, value) in [
+            ("PAYMENT_LATENCY_MS", "soon"),
+            ("PAYMENT_LATENCY_MS", "-5"),
+            ("IDEMPOTENCY_LEASE_MS", "0"),
+            ("IDEMPOTENCY_TTL_SECS", "1.5"),
+            ("BIND_ADDR", "localhost"),
+            ("DATABASE_URL", "mysql://x"),
+        ] {
+            let err = settings(&[(name, value)]).unwrap_err();
+            assert_eq!(err.variable, name);
+            assert!(err.to_string().starts_with(name), "{err}");
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The reference orders API: `POST /orders` behind tower-idempotency in transactional mode.
+//!
+//! Run with: `cargo run --release -p orders-api` (see `src/main.rs` for the environment).
+//!
+//! [`app`] builds the real router on PostgreSQL or SQLite, so the integration tests drive the
+//! same code the binary serves:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let db = orders_api::Db::connect(Some("postgres://postgres@127.0.0.1/orders")).await?;
+//! db.migrate().await?;
+//! let app = orders_api::app(db, orders_api::Config::default());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! | route | answer |
+//! |---|---|
+//! | `POST /orders` + `Idempotency-Key` | 201 with the order and `Location: /orders/{orderId}`; 400 for invalid input |
+//! | `GET /orders/{orderId}` | 200 with the order, or 404 |
+//! | `GET /orders?customerId=c_1` | 200 `{"orders": [...]}` (oldest first, at most 1000), 400 without `customerId` |
+//! | `GET /healthz` | 200 when the database answers `SELECT 1`, 503 otherwise |
+//!
+//! Errors are `application/problem+json` (RFC 9457); their `type` URIs point into
+//! `examples/orders/README.md`.
+
+use std::{str::FromStr, time::Duration};
+
+use axum::{
+    routing::{get, post},
+    Router,
+};
+use sqlx::{
+    migrate::{Migration, MigrationType, Migrator},
+    postgres::{PgConnectOptions, PgPoolOptions, Postgres},
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
+    ConnectOptions, Connection, PgPool, Pool, SqlSafeStr, Sqlite, SqlitePool,
+};
+use tower_idempotency::{
+    store::{postgres::PostgresStore, sqlite::SqliteStore},
+    Idempotency, Sweeper,
+};
+
+mod backend;
+mod config;
+mod payment;
+mod problem;
+mod routes;
+
+pub use config::{Config, ConfigError, Settings};
+pub use payment::PaymentProvider;
+pub use problem::Problem;
+pub use routes::{NewOrder, Order};
+
+/// The SQLite file used when `DATABASE_URL` is not set, in the working directory.
+pub const DEFAULT_SQLITE_FILE: &str = "orders.db";
+
+/// The table the example's own migrations are tracked in, apart from the library's
+/// (`_tower_idempotency_migrations`) and from any application's `_sqlx_migrations`.
+pub const MIGRATIONS_TABLE: &str = "_orders_migrations";
+
+/// How often expired idempotency records are deleted.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Connections the PostgreSQL pool keeps at most.
+const PG_MAX_CONNECTIONS: u32 = 16;
+/// Connections the SQLite pool keeps at most (one writer at a time; readers in parallel in WAL).
+const SQLITE_MAX_CONNECTIONS: u32 = 8;
+/// How long a statement waits for SQLite's write lock before failing.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The database the orders and the idempotency records live in, together.
+#[derive(Debug, Clone)]
+pub enum Db {
+    /// PostgreSQL: the default for real deployments, several instances on one database.
+    Postgres(PgPool),
+    /// SQLite: embedded, single node.
+    Sqlite(SqlitePool),
+}
+
+impl Db {
+    /// Connect to `url` (`postgres://...` or `sqlite://...`), or, when `None`, open (and create if
+    /// missing) the SQLite file [`DEFAULT_SQLITE_FILE`] in the working directory.
+    ///
+    /// SQLite is opened in WAL mode with a busy timeout, so readers do not block the writer.
+    pub async fn connect(url: Option<&str>) -> Result<Self, sqlx::Error> {
+        let sqlite = |opts: SqliteConnectOptions| {
+            opts.create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .busy_timeout(SQLITE_BUSY_TIMEOUT)
+        };
+        match url {
+            None => {
+                let opts = sqlite(SqliteConnectOptions::new().filename(DEFAULT_SQLITE_FILE));
+                Ok(Db::Sqlite(
+                    SqlitePoolOptions::new()
+                        .max_connections(SQLITE_MAX_CONNECTIONS)
+                        .connect_with(opts)
+                        .await?,
+                ))
+            }
+            Some(url) if url.starts_with("sqlite:") => {
+                let opts = sqlite(SqliteConnectOptions::from_str(url)?);
+                Ok(Db::Sqlite(
+                    SqlitePoolOptions::new()
+                        .max_connections(SQLITE_MAX_CONNECTIONS)
+                        .connect_with(opts)
+                        .await?,
+                ))
+            }
+            Some(url) if url.starts_with("postgres:") || url.starts_with("postgresql:") => {
+                let opts = PgConnectOptions::from_str(url)?;
+                // One direct connection first: a refused or misconfigured server is reported as
+                // its own error, not as a pool timeout.
+                opts.connect().await?.close().await?;
+                Ok(Db::Postgres(
+                    PgPoolOptions::new()
+                        .max_connections(PG_MAX_CONNECTIONS)
+                        .acquire_timeout(Duration::from_secs(5))
+                        .connect_with(opts)
+                        .await?,
+                ))
+            }
+            Some(_) => Err(sqlx::Error::Configuration(
+                "DATABASE_URL must start with postgres:// or sqlite://".into(),
+            )),
+        }
+    }
+
+    /// Create or upgrade the tables: the library's `idempotency_records` (tracked in
+    /// `_tower_idempotency_migrations`), then the example's `orders` (tracked in
+    /// [`MIGRATIONS_TABLE`]). Safe to run on every start.
+    pub async fn migrate(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        match self {
+            Db::Postgres(pool) => {
+                PostgresStore::new(pool.clone()).migrate().await?;
+                migrator(include_str!("../migrations/postgres/0001_orders.sql"))
+                    .run(pool)
+                    .await?;
+            }
+            Db::Sqlite(pool) => {
+                SqliteStore::new(pool.clone()).migrate().await?;
+                migrator(include_str!("../migrations/sqlite/0001_orders.sql"))
+                    .run(pool)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Close the pool, waiting for connections in use to be returned.
+    pub async fn close(&self) {
+        match self {
+            Db::Postgres(pool) => pool.close().await,
+            Db::Sqlite(pool) => pool.close().await,
+        }
+    }
+
+    /// `"postgres"` or `"sqlite"`, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Db::Postgres(_) => "postgres",
+            Db::Sqlite(_) => "sqlite",
+        }
+    }
+}
+
+/// The example's migrations, tracked in their own table.
+fn migrator(sql: &'static str) -> Migrator {
+    let mut migrator = Migrator::with_migrations(vec![Migration::new(
+        1,
+        "orders".into(),
+        MigrationType::Simple,
+        sql.into_sql_str(),
+        false,
+    )]);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
+
+/// The orders API on `db`: the routes, behind the idempotency layer in transactional mode with
+/// the lease and retention of `config`.
+///
+/// The tables must exist: call [`Db::migrate`] first.
+pub fn app(db: Db, config: Config) -> Router {
+    match db {
+        Db::Postgres(pool) => router::<Postgres>(pool, &config),
+        Db::Sqlite(pool) => router::<Sqlite>(pool, &config),
+    }
+}
+
+/// Start the background task that deletes expired idempotency records every [`SWEEP_EVERY`].
+/// It stops when the returned [`Sweeper`] is dropped.
+pub fn sweeper(db: &Db) -> Sweeper {
+    match db {
+        Db::Postgres(pool) => Idempotency::postgres(pool.clone()).sweep_every(SWEEP_EVERY),
+        Db::Sqlite(pool) => Idempotency::sqlite(pool.clone()).sweep_every(SWEEP_EVERY),
+    }
+}
+
+/// One router for either database: only the SQL behind [`backend::Backend`] differs.
+fn router<B: backend::Backend>(pool: Pool<B>, config: &Config) -> Router {
+    let idempotency = B::idempotency(pool.clone())
+        .with_lease(config.lease)
+        .with_ttl(config.ttl)
+        .transactional();
+    let state = routes::AppState {
+        pool,
+        payments: PaymentProvider::new(config.payment_latency),
+    };
+    Router::new()
+        .route(
+            "/orders",
+            post(routes::create_order::<B>)
+                .route_layer(idempotency)
+                .get(routes::list_orders::<B>),
+        )
+        .route("/orders/{order_id}", get(routes::get_order::<B>))
+        .route("/healthz", get(routes::healthz::<B>))
+        .fallback(routes::not_found)
+        .with_state(state)
+}
