@@ -1,7 +1,7 @@
 //! A store in Redis (feature `redis`; Redis Cluster with `redis-cluster`).
 //!
 //! ```no_run
-//! use tower_idempotency::{store::redis::RedisStore, Idempotency};
+//! use tower_idempotency::{store::redis::{redis, RedisStore}, Idempotency};
 //!
 //! # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
 //! let client = redis::Client::open("redis://127.0.0.1:6379").expect("a valid url");
@@ -532,7 +532,7 @@ impl crate::Idempotency<RedisStore> {
     /// (see [`RedisStore::connect`]).
     ///
     /// ```no_run
-    /// use tower_idempotency::Idempotency;
+    /// use tower_idempotency::{store::redis::redis, Idempotency};
     ///
     /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
     /// let client = redis::Client::open("redis://127.0.0.1:6379").expect("a valid url");
