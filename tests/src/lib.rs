@@ -5,6 +5,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub mod suite;
+
 /// `DATABASE_URL`, the PostgreSQL server the tests create their databases on.
 pub fn postgres_url() -> String {
     std::env::var("DATABASE_URL")
