@@ -80,7 +80,10 @@ use std::{
 use bytes::Bytes;
 use futures_util::StreamExt;
 pub use redis;
-use redis::{aio::ConnectionManager, RedisResult, Script, ScriptInvocation, Value};
+use redis::{
+    aio::ConnectionManager, ErrorKind, RedisResult, Script, ScriptInvocation, ServerErrorKind,
+    Value,
+};
 use tokio::{
     sync::{oneshot, Notify},
     time::Instant,
@@ -95,6 +98,9 @@ pub const DEFAULT_PREFIX: &str = "idempotency";
 /// The longest lease or TTL sent to Redis, in milliseconds (about 285 years). Longer durations
 /// are clamped so that the server's arithmetic stays exact.
 const MAX_MILLIS: u64 = 1 << 53;
+
+/// Stands in for a wait timeout too large to add to the clock (about 30 years).
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// The script prologue: effect replication on servers older than 7 (a no-op on 7), and `now`.
 macro_rules! prologue {
@@ -197,13 +203,32 @@ enum Connection {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
+/// How many times a script is sent when the server keeps answering `NOSCRIPT`.
+const NOSCRIPT_ATTEMPTS: usize = 3;
+
 impl Connection {
-    /// `EVALSHA`, with `SCRIPT LOAD` and a retry on `NOSCRIPT`.
+    /// `EVALSHA`, with `SCRIPT LOAD` and a retry on `NOSCRIPT` (done by [`ScriptInvocation`]).
+    ///
+    /// A `SCRIPT FLUSH` (or a failover to a node that never saw the script) between the load and
+    /// the retry makes that retry fail with `NOSCRIPT` too, so the whole exchange is repeated a
+    /// few times. Running a script twice is impossible: `NOSCRIPT` means it did not run.
     async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<Value> {
-        match self {
-            Connection::Single(conn) => invocation.invoke_async(&mut conn.clone()).await,
-            #[cfg(feature = "redis-cluster")]
-            Connection::Cluster(conn) => invocation.invoke_async(&mut conn.clone()).await,
+        let mut attempt = 1;
+        loop {
+            let result = match self {
+                Connection::Single(conn) => invocation.invoke_async(&mut conn.clone()).await,
+                #[cfg(feature = "redis-cluster")]
+                Connection::Cluster(conn) => invocation.invoke_async(&mut conn.clone()).await,
+            };
+            match result {
+                Err(err)
+                    if attempt < NOSCRIPT_ATTEMPTS
+                        && err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+                {
+                    attempt += 1;
+                }
+                result => return result,
+            }
         }
     }
 }
@@ -491,7 +516,8 @@ impl Store for RedisStore {
     /// at once when the record is already absent, done or lapsed. Without notifications, or on
     /// any pub/sub failure, sleep for `timeout`.
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
+        let now = Instant::now();
+        let deadline = now.checked_add(timeout).unwrap_or(now + FAR_FUTURE);
         let Some(notifier) = &self.notifier else {
             tokio::time::sleep_until(deadline).await;
             return;
@@ -516,7 +542,9 @@ impl Store for RedisStore {
         // Subscribed: any completion from now on is delivered. Check what happened before.
         let wake_at = match self.lease_remaining(key).await {
             Ok(remaining) if remaining.is_zero() => return,
-            Ok(remaining) => deadline.min(Instant::now() + remaining),
+            Ok(remaining) => Instant::now()
+                .checked_add(remaining)
+                .map_or(deadline, |lapse| lapse.min(deadline)),
             Err(_) => deadline,
         };
         tokio::select! {
