@@ -56,8 +56,11 @@
 //! ([`RedisStore::connect`] enables them, [`RedisStore::with_notifications`] does it for the
 //! other constructors), [`Store::wait_for_change`] subscribes to that channel over one pub/sub
 //! connection shared by all clones of the store, opened on first use, and wakes as soon as the
-//! record is completed or released, or when the holder's lease lapses. Without notifications,
-//! or when the pub/sub connection fails, it sleeps for the timeout the layer gives it.
+//! record is completed or released, or when the holder's lease lapses. A channel is subscribed
+//! while someone waits on it and unsubscribed when its last waiter returns; the connection
+//! itself stays open until the last clone of the store is dropped, and is reopened on the next
+//! wait if it broke. Without notifications, or when the pub/sub connection fails, it sleeps for
+//! the timeout the layer gives it.
 //!
 //! Plain `PUBLISH` is used rather than `SPUBLISH`: in a cluster it reaches subscribers on every
 //! node, so the notification connection may point at any one node. The price is that every
