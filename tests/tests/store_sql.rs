@@ -190,8 +190,8 @@ async fn concurrent_claims_have_exactly_one_winner<B: Backend>() {
 async fn concurrent_takeovers_have_exactly_one_winner<B: Backend>() {
     let store = Arc::new(B::fresh(10).await);
     let first = claim_of(random_key(), "race", Duration::from_millis(100), DAY);
-    let started = Instant::now();
     assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
+    let started = Instant::now(); // the claim's lease and expiry count from before this
     until(started + Duration::from_millis(200)).await;
     let start = Arc::new(tokio::sync::Barrier::new(30));
     let tasks: Vec<_> = (0..30)
@@ -216,8 +216,8 @@ async fn concurrent_claims_of_an_expired_record_have_exactly_one_winner<B: Backe
     let store = Arc::new(B::fresh(10).await);
     let key = random_key();
     let old = claim_of(key, "old", LONG, Duration::from_millis(100));
-    let started = Instant::now();
     assert_eq!(store.claim(&old).await.unwrap(), claimed(false));
+    let started = Instant::now(); // the claim's lease and expiry count from before this
     until(started + Duration::from_millis(200)).await;
     let start = Arc::new(tokio::sync::Barrier::new(30));
     let tasks: Vec<_> = (0..30)
@@ -307,8 +307,8 @@ async fn a_different_fingerprint_is_a_mismatch_in_every_state<B: Backend>() {
     let lease = Duration::from_millis(200);
     let first = claim_of(random_key(), "first", lease, DAY);
     let other = claim_of(first.key, "other", LONG, DAY);
-    let started = Instant::now();
     assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
+    let started = Instant::now(); // the claim's lease and expiry count from before this
 
     // Running, lease valid.
     assert_eq!(store.claim(&other).await.unwrap(), ClaimOutcome::Mismatch);
@@ -338,8 +338,8 @@ async fn an_expired_record_can_be_claimed_by_another_request<B: Backend>() {
     let store = B::fresh(2).await;
     let ttl = Duration::from_millis(200);
     let first = claim_of(random_key(), "first", LONG, ttl);
-    let started = Instant::now();
     assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
+    let started = Instant::now(); // the claim's lease and expiry count from before this
     store
         .complete(&first.key, first.token, &response())
         .await
@@ -365,8 +365,8 @@ async fn a_lapsed_lease_is_taken_over_and_fences_the_old_holder<B: Backend>() {
     let store = B::fresh(2).await;
     let lease = Duration::from_millis(200);
     let old = claim_of(random_key(), "a", lease, DAY);
-    let started = Instant::now();
     assert_eq!(store.claim(&old).await.unwrap(), claimed(false));
+    let started = Instant::now(); // the claim's lease and expiry count from before this
     let expiry = store.expires_at(&old.key).await;
     assert!(is_in_flight(&store.claim(&retry_of(&old)).await.unwrap()));
 
@@ -426,6 +426,7 @@ async fn renew_extends_the_lease<B: Backend>() {
         store.renew(&claim.key, claim.token, lease).await.unwrap(),
         Fenced::Applied
     );
+    let renewed = Instant::now();
     until(started + Duration::from_millis(350)).await;
     let outcome = store.claim(&retry_of(&claim)).await.unwrap();
     assert!(
@@ -433,7 +434,7 @@ async fn renew_extends_the_lease<B: Backend>() {
         "renewed lease still held: {outcome:?}"
     );
     // Without another renewal the lease lapses in turn.
-    until(started + Duration::from_millis(600)).await;
+    until(renewed + lease + Duration::from_millis(100)).await;
     assert_eq!(store.claim(&retry_of(&claim)).await.unwrap(), claimed(true));
     // Renewing a record that is not running is refused.
     let other = claim_of(random_key(), "b", LONG, DAY);
@@ -506,7 +507,6 @@ async fn sweep_deletes_only_expired_records_in_bounded_batches<B: Backend>() {
     let expired: Vec<_> = (0..25)
         .map(|i| claim_of(random_key(), &format!("old {i}"), LONG, short))
         .collect();
-    let started = Instant::now();
     for (i, claim) in expired.iter().enumerate() {
         store.claim(claim).await.unwrap();
         if i % 2 == 0 {
@@ -516,6 +516,7 @@ async fn sweep_deletes_only_expired_records_in_bounded_batches<B: Backend>() {
                 .unwrap();
         }
     }
+    let started = Instant::now(); // every short record expires within `short` of this
     let live: Vec<_> = (0..5)
         .map(|i| claim_of(random_key(), &format!("live {i}"), LONG, DAY))
         .collect();
@@ -588,8 +589,8 @@ async fn complete_in_with_a_stale_token_is_lost<B: Backend>() {
     let store = B::fresh(2).await;
     let lease = Duration::from_millis(200);
     let old = claim_of(random_key(), "a", lease, DAY);
-    let started = Instant::now();
     store.claim(&old).await.unwrap();
+    let started = Instant::now(); // the claim's lease and expiry count from before this
     until(started + lease + Duration::from_millis(100)).await;
     let new = Claim {
         lease: LONG,

@@ -30,25 +30,11 @@
 //! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. It takes
 //! sqlx's advisory lock, so several instances may call it at start-up at once.
 //!
-//! If you run your own migrations instead, this is the schema the store expects (the same as
-//! `migrations/postgres/0001_idempotency_records.sql`):
+//! If you run your own migrations instead, this is the schema the store expects
+//! (`migrations/postgres/0001_idempotency_records.sql`, included here verbatim):
 //!
 //! ```sql
-//! CREATE TABLE IF NOT EXISTS idempotency_records (
-//!     key         bytea       PRIMARY KEY CHECK (octet_length(key) = 32),
-//!     fingerprint bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
-//!     token       uuid        NOT NULL,
-//!     state       text        NOT NULL CHECK (state IN ('running', 'done')),
-//!     status      integer     CHECK (status BETWEEN 100 AND 999),
-//!     headers     bytea,
-//!     body        bytea,
-//!     created_at  timestamptz NOT NULL,
-//!     lease_until timestamptz NOT NULL,
-//!     expires_at  timestamptz NOT NULL,
-//!     CHECK ((state = 'done') = (status IS NOT NULL AND headers IS NOT NULL AND body IS NOT NULL))
-//! );
-//!
-//! CREATE INDEX IF NOT EXISTS idempotency_records_expires_at ON idempotency_records (expires_at);
+#![doc = include_str!("../../../../migrations/postgres/0001_idempotency_records.sql")]
 //! ```
 //!
 //! # Waiting
@@ -294,6 +280,7 @@ impl Store for PostgresStore {
                 .await?;
             let Some(row) = row else {
                 // Raced with an insert committed after this statement's snapshot: see CLAIM.
+                tracing::trace!(target: "tower_idempotency", "claim raced with a concurrent insert; claiming again");
                 continue;
             };
             let outcome: &str = row.try_get("outcome")?;

@@ -34,25 +34,11 @@
 //! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. Several
 //! processes may call it at start-up at once.
 //!
-//! If you run your own migrations instead, this is the schema the store expects (the same as
-//! `migrations/sqlite/0001_idempotency_records.sql`):
+//! If you run your own migrations instead, this is the schema the store expects
+//! (`migrations/sqlite/0001_idempotency_records.sql`, included here verbatim):
 //!
 //! ```sql
-//! CREATE TABLE IF NOT EXISTS idempotency_records (
-//!     key         BLOB    NOT NULL PRIMARY KEY CHECK (length(key) = 32),
-//!     fingerprint BLOB    NOT NULL CHECK (length(fingerprint) = 32),
-//!     token       BLOB    NOT NULL CHECK (length(token) = 16),
-//!     state       TEXT    NOT NULL CHECK (state IN ('running', 'done')),
-//!     status      INTEGER CHECK (status BETWEEN 100 AND 999),
-//!     headers     BLOB,
-//!     body        BLOB,
-//!     created_at  INTEGER NOT NULL,
-//!     lease_until INTEGER NOT NULL,
-//!     expires_at  INTEGER NOT NULL,
-//!     CHECK ((state = 'done') = (status IS NOT NULL AND headers IS NOT NULL AND body IS NOT NULL))
-//! ) STRICT;
-//!
-//! CREATE INDEX IF NOT EXISTS idempotency_records_expires_at ON idempotency_records (expires_at);
+#![doc = include_str!("../../../../migrations/sqlite/0001_idempotency_records.sql")]
 //! ```
 //!
 //! # Waiting
