@@ -250,14 +250,14 @@ async fn track_drops(State(state): State<AppRef>, req: Request, next: Next) -> R
 ///
 /// | route | handler |
 /// |---|---|
-/// | `POST /orders`, `GET /orders` | 201 at once (`GET`: 200) |
+/// | `POST`, `PATCH`, `PUT /orders`; `GET /orders` | 201 at once (`GET`: 200) |
 /// | `POST /held` | 201 once the test calls [`AppState::release`] |
 /// | `POST /slow` | 201 after [`SLOW_HANDLER`] |
 /// | `POST /status/{code}` | answers `code` |
 /// | `POST /panic` | panics on its first execution, 201 after |
 pub fn routes(state: AppRef) -> Router {
     Router::new()
-        .route("/orders", post(create).get(list))
+        .route("/orders", post(create).get(list).patch(create).put(create))
         .route("/other", post(create))
         .route("/held", post(held))
         .route("/slow", post(slow))
@@ -929,6 +929,148 @@ pub async fn optional_layer_passes_keyless_requests_through(store: impl Store) {
     assert_eq!(server.state.executions(), 4);
 }
 
+/// The key is checked before the body: a missing or invalid key with a body over the limit is
+/// 400, not 413.
+pub async fn key_is_checked_before_the_body(store: impl Store) {
+    let server = serve(Idempotency::new(store).with_body_limit(16)).await;
+    let big = format!(r#"{{"padding":"{}"}}"#, "x".repeat(100));
+    send(server.post("/orders", &big))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST);
+    send(server.post_key("/orders", "bad key", &big))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST);
+    assert_eq!(server.state.executions(), 0);
+}
+
+/// PATCH is covered by default (no key: 400; a key: replayed); PUT and DELETE are not.
+pub async fn patch_is_covered_put_is_not(store: impl Store) {
+    let server = serve(Idempotency::new(store)).await;
+    let patch = |key: Option<&str>| {
+        let request = server
+            .client
+            .patch(server.url("/orders"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(ORDER);
+        match key {
+            Some(key) => request.header("idempotency-key", key),
+            None => request,
+        }
+    };
+    send(patch(None))
+        .await
+        .assert_problem(StatusCode::BAD_REQUEST);
+    let first = send(patch(Some("patch-1"))).await;
+    first.assert_executed(StatusCode::CREATED, 1);
+    send(patch(Some("patch-1"))).await.assert_replay_of(&first);
+    let put = || server.client.put(server.url("/orders")).body(ORDER);
+    send(put()).await.assert_executed(StatusCode::CREATED, 2);
+    send(put().header("idempotency-key", "put-1"))
+        .await
+        .assert_executed(StatusCode::CREATED, 3);
+    send(put().header("idempotency-key", "put-1"))
+        .await
+        .assert_executed(StatusCode::CREATED, 4);
+    assert_eq!(server.state.executions(), 4);
+}
+
+/// 408 and 425 mean "not processed" too: the key is released.
+pub async fn handler_408_and_425_release_the_key(store: impl Store) {
+    let server = serve(Idempotency::new(store)).await;
+    for (i, code) in [408u16, 425].into_iter().enumerate() {
+        let path = format!("/status/{code}");
+        let status = StatusCode::from_u16(code).unwrap();
+        for n in 1..=2 {
+            send(server.post_key(&path, &format!("released-{code}"), ORDER))
+                .await
+                .assert_executed(status, (2 * i + n) as u64);
+        }
+    }
+    assert_eq!(server.state.executions(), 4);
+}
+
+/// A custom save policy replaces the default: here a 500 is released and a 429 saved.
+pub async fn custom_save_policy_decides_what_is_saved(store: impl Store) {
+    let policy = |status: StatusCode| !status.is_server_error();
+    let server = serve(Idempotency::new(store).with_save_policy(policy)).await;
+    for n in 1..=2 {
+        send(server.post_key("/status/500", "policy-500", ORDER))
+            .await
+            .assert_executed(StatusCode::INTERNAL_SERVER_ERROR, n);
+    }
+    let first = send(server.post_key("/status/429", "policy-429", ORDER)).await;
+    first.assert_executed(StatusCode::TOO_MANY_REQUESTS, 3);
+    send(server.post_key("/status/429", "policy-429", ORDER))
+        .await
+        .assert_replay_of(&first);
+    assert_eq!(server.state.executions(), 3);
+}
+
+/// After the retention (`with_ttl`) the record is gone: the key can be claimed again, even by a
+/// different request.
+pub async fn expired_record_is_claimed_afresh(store: impl Store) {
+    const TTL: Duration = Duration::from_millis(500);
+    let server = serve(Idempotency::new(store).with_ttl(TTL)).await;
+    let first = send(server.order("ttl-1")).await;
+    // the claim happened before the answer: the record expires before `answered + TTL`
+    let answered = Instant::now();
+    first.assert_executed(StatusCode::CREATED, 1);
+    let other = r#"{"customerId":"c_2","totalCents":1}"#;
+    send(server.post_key("/orders", "ttl-1", other))
+        .await
+        .assert_problem(StatusCode::UNPROCESSABLE_ENTITY);
+    // the passing of the retention is what is under test
+    tokio::time::sleep((TTL + Duration::from_millis(300)).saturating_sub(answered.elapsed())).await;
+    let second = send(server.post_key("/orders", "ttl-1", other)).await;
+    second.assert_executed(StatusCode::CREATED, 2);
+    send(server.post_key("/orders", "ttl-1", other))
+        .await
+        .assert_replay_of(&second);
+    assert_eq!(server.state.executions(), 2);
+}
+
+/// A takeover of a dead holder's record keeps the original expiry (counted from the first
+/// claim), not a new one from the takeover.
+pub async fn takeover_keeps_the_original_expiry(store: impl Store) {
+    const DEAD_LEASE: Duration = Duration::from_millis(200);
+    const ORIGINAL_TTL: Duration = Duration::from_millis(1200);
+    let store = Arc::new(store);
+    // the layer's own retention is a day: only the original claim's expiry can free the key
+    let server = serve(Idempotency::from_shared(store.clone())).await;
+    let outcome = store
+        .claim(&Claim {
+            key: key_hash("expiry-1"),
+            fingerprint: fingerprint("/orders", ORDER),
+            token: FencingToken::new(),
+            lease: DEAD_LEASE,
+            ttl: ORIGINAL_TTL,
+        })
+        .await
+        .unwrap();
+    // lease and expiry are counted from a moment before this
+    let claimed_at = Instant::now();
+    assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+    tokio::time::sleep(
+        (DEAD_LEASE + Duration::from_millis(200)).saturating_sub(claimed_at.elapsed()),
+    )
+    .await;
+    let first = send(server.order("expiry-1")).await;
+    first.assert_executed(StatusCode::CREATED, 1);
+    send(server.order("expiry-1"))
+        .await
+        .assert_replay_of(&first);
+    tokio::time::sleep(
+        (ORIGINAL_TTL + Duration::from_millis(300)).saturating_sub(claimed_at.elapsed()),
+    )
+    .await;
+    // expired with the original claim: a different request may use the key now
+    let other = r#"{"customerId":"c_3","totalCents":7}"#;
+    send(server.post_key("/orders", "expiry-1", other))
+        .await
+        .assert_executed(StatusCode::CREATED, 2);
+    assert_eq!(server.state.executions(), 2);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Leases
 // ------------------------------------------------------------------------------------------------
@@ -1005,14 +1147,14 @@ pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced(store: impl Stor
 /// A handler that runs longer than the lease is not taken over while it lives (the heartbeat
 /// renews it): duplicates get 409 throughout, and it executes once.
 pub async fn slow_handler_is_not_taken_over_while_alive(store: impl Store) {
-    const LEASE: Duration = Duration::from_millis(300);
+    const LEASE: Duration = Duration::from_millis(400);
     let server = serve(Idempotency::new(store).with_lease(LEASE)).await;
     let first = tokio::spawn(send(server.post_key("/held", "slow-1", ORDER)));
     server.state.wait_entered(1).await;
     let started = Instant::now();
-    // duplicates across more than three leases (~1.2 s): the lapse of time is under test
+    // duplicates across three leases (~1.2 s): the lapse of time is under test
     let mut duplicates = 0;
-    while started.elapsed() < LEASE * 4 && duplicates < 40 {
+    while started.elapsed() < LEASE * 3 && duplicates < 40 {
         send(server.post_key("/held", "slow-1", ORDER))
             .await
             .assert_in_flight();
@@ -1310,6 +1452,9 @@ pub trait Widgets: sqlx::Database {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
     /// How many rows the table holds (committed ones).
     fn count(pool: &sqlx::Pool<Self>) -> impl Future<Output = i64> + Send;
+    /// Simulate a takeover of every running record behind the holder's back: a new token and a
+    /// lapsed lease, as if another attempt had claimed it (the library's documented schema).
+    fn steal_running(pool: &sqlx::Pool<Self>) -> impl Future<Output = ()> + Send;
 }
 
 const CREATE_WIDGETS: &str = "CREATE TABLE widgets (note TEXT NOT NULL)";
@@ -1334,6 +1479,17 @@ impl Widgets for sqlx::Postgres {
             .await
             .unwrap()
     }
+
+    async fn steal_running(pool: &sqlx::PgPool) {
+        let stolen = sqlx::query(
+            "UPDATE idempotency_records SET token = gen_random_uuid(), \
+             lease_until = now() - interval '1 second' WHERE state = 'running'",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        assert_eq!(stolen.rows_affected(), 1);
+    }
 }
 
 impl Widgets for sqlx::Sqlite {
@@ -1356,13 +1512,26 @@ impl Widgets for sqlx::Sqlite {
             .await
             .unwrap()
     }
+
+    async fn steal_running(pool: &sqlx::SqlitePool) {
+        let stolen = sqlx::query(
+            "UPDATE idempotency_records SET token = randomblob(16), lease_until = 0 \
+             WHERE state = 'running'",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        assert_eq!(stolen.rows_affected(), 1);
+    }
 }
 
 /// `POST /tx/flaky`: writes a row in the transaction; answers 503 on its first execution and 201
 /// after. `POST /tx/write`: writes a row, 201. `POST /tx/none`: never begins the transaction, 201.
-fn tx_routes<DB: Widgets>(state: AppRef) -> Router {
+/// `POST /tx/stolen`: on its first execution, its record is taken over behind its back before
+/// it writes its row; 201.
+fn tx_routes<DB: Widgets>(state: AppRef, pool: sqlx::Pool<DB>) -> Router {
     async fn write<DB: Widgets>(
-        State(state): State<AppRef>,
+        State((state, pool)): State<(AppRef, sqlx::Pool<DB>)>,
         tx: IdempotencyTransaction<DB>,
         Path(what): Path<String>,
         key: IdempotencyKey,
@@ -1371,6 +1540,9 @@ fn tx_routes<DB: Widgets>(state: AppRef) -> Router {
         let n = state.execute(Some(&key));
         if what == "none" {
             return answer(StatusCode::CREATED, n, &body);
+        }
+        if what == "stolen" && n == 1 {
+            DB::steal_running(&pool).await;
         }
         if let Err(err) = DB::insert(&tx, key.as_str()).await {
             return (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response();
@@ -1384,7 +1556,7 @@ fn tx_routes<DB: Widgets>(state: AppRef) -> Router {
     }
     Router::new()
         .route("/tx/{what}", post(write::<DB>))
-        .with_state(state)
+        .with_state((state, pool))
 }
 
 async fn serve_transactional<St>(store: St) -> (TestServer, sqlx::Pool<St::Database>)
@@ -1395,8 +1567,8 @@ where
     let pool = store.pool().clone();
     <St::Database as Widgets>::create_table(&pool).await;
     let state = AppRef::default();
-    let router =
-        tx_routes::<St::Database>(state.clone()).layer(Idempotency::new(store).transactional());
+    let router = tx_routes::<St::Database>(state.clone(), pool.clone())
+        .layer(Idempotency::new(store).transactional());
     (serve_router(router, state).await, pool)
 }
 
@@ -1458,4 +1630,31 @@ where
         .assert_replay_of(&first);
     assert_eq!(<St::Database as Widgets>::count(&pool).await, 0);
     assert_eq!(server.state.executions(), 1);
+}
+
+/// Transactional mode: a holder whose record was taken over while it ran cannot commit: its row
+/// is rolled back and its client gets 409 with `Retry-After`; the retry does the work once.
+pub async fn transactional_lease_lost_rolls_back_with_409<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_transactional(store).await;
+    let lost = send(server.post_key("/tx/stolen", "tx-4", ORDER)).await;
+    lost.assert_in_flight();
+    assert_eq!(server.state.executions(), 1);
+    assert_eq!(
+        <St::Database as Widgets>::count(&pool).await,
+        0,
+        "the fenced-out holder committed its row"
+    );
+    // the lease of the (simulated) new holder has lapsed: the retry takes over and commits once
+    let retry = send(server.post_key("/tx/stolen", "tx-4", ORDER)).await;
+    retry.assert_executed(StatusCode::CREATED, 2);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    send(server.post_key("/tx/stolen", "tx-4", ORDER))
+        .await
+        .assert_replay_of(&retry);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    assert_eq!(server.state.executions(), 2);
 }

@@ -51,6 +51,12 @@ macro_rules! behaviour_tests {
             replay_keeps_resource_headers_only,
             wait_mode_replays_to_concurrent_attempts,
             wait_mode_bound_falls_back_to_409,
+            key_is_checked_before_the_body,
+            patch_is_covered_put_is_not,
+            handler_408_and_425_release_the_key,
+            custom_save_policy_decides_what_is_saved,
+            expired_record_is_claimed_afresh,
+            takeover_keeps_the_original_expiry,
         );
     };
     ($($name:ident),* $(,)?) => {
@@ -219,12 +225,14 @@ mod transactional {
         transactional_commit_saves_row_and_answer,
         transactional_503_rolls_back_and_releases,
         transactional_without_begin_is_saved,
+        transactional_lease_lost_rolls_back_with_409,
     );
 
     transactional_tests!(sqlite => super::super::sqlite_store().await;
         transactional_commit_saves_row_and_answer,
         transactional_503_rolls_back_and_releases,
         transactional_without_begin_is_saved,
+        transactional_lease_lost_rolls_back_with_409,
     );
 }
 
