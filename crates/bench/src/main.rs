@@ -1,0 +1,788 @@
+//! Run with: cargo run --release -p tower-idempotency-bench -- [--store postgres|memory|redis|all] [--seconds N] [--concurrency N]
+//!
+//! Throughput and latency of one handler served with and without the idempotency layer.
+//!
+//! Every server listens on its own port on 127.0.0.1, in this process; one keep-alive client
+//! (reqwest, one pool) drives each of them with the same number of concurrent workers for the
+//! same time, so client overhead is the same on both sides of every ratio. The scenarios of a store
+//! run in alternating rounds (slices of `seconds / rounds`, the starting scenario rotating), so a
+//! change in the machine's load falls on all of them alike. Scenarios:
+//!
+//! - `bare`: the handler without the layer (a unique `Idempotency-Key` is sent and ignored, so
+//!   requests are the same size as the layered ones);
+//! - `first-time keys`: a unique key per request: claim, handler, save;
+//! - `replays`: N keys created beforehand, then requested over and over: the claim finds `done`;
+//! - `hot key`: every worker sends the same key (a new one each round): one execution, then
+//!   replays, and 409 while the execution runs.
+//!
+//! Stores: `memory` and `redis` guard an in-memory handler (a push into a `Mutex<Vec>`);
+//! `postgres` guards a handler that INSERTs a row through the same pool, in transactional mode
+//! (the INSERT in the idempotency transaction) and in standard mode (the INSERT on the pool, as
+//! in the bare handler). `DATABASE_URL` and `REDIS_URL` are read from the environment; the
+//! PostgreSQL runs use their own database, `tower_idempotency_bench`, created if missing.
+//!
+//! Options (the first three also as env: `BENCH_STORE`, `BENCH_SECONDS`, `BENCH_CONCURRENCY`):
+//! `--store` (default `all`), `--seconds` per scenario (default 5), `--concurrency` (default 32),
+//! `--keys` for the replay scenario (default 1000), `--rounds` (default 5).
+
+use std::{
+    error::Error,
+    fmt::Write as _,
+    process::ExitCode,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    body::Bytes,
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::post,
+    serve::ListenerExt,
+    Json, Router,
+};
+use hdrhistogram::Histogram;
+use serde::Deserialize;
+use sqlx::{postgres::PgPoolOptions, Connection, Executor, PgPool, Postgres};
+use tower_idempotency::{
+    store::{postgres::PostgresStore, redis::RedisStore},
+    Idempotency, IdempotencyTransaction,
+};
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+/// Records are kept this long, so a bench run leaves nothing behind for a day in Redis.
+const RECORD_TTL: Duration = Duration::from_secs(600);
+/// The database the PostgreSQL runs use, on the `DATABASE_URL` server.
+const BENCH_DATABASE: &str = "tower_idempotency_bench";
+const BODY: &str = r#"{"customerId": "c_1", "totalCents": 4000}"#;
+
+// ---------------------------------------------------------------------------------------------
+// Arguments
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreKind {
+    Memory,
+    Redis,
+    Postgres,
+}
+
+#[derive(Debug, Clone)]
+struct Args {
+    stores: Vec<StoreKind>,
+    duration: Duration,
+    concurrency: usize,
+    keys: usize,
+    rounds: u32,
+}
+
+const USAGE: &str = "usage: tower-idempotency-bench [--store postgres|memory|redis|all] [--seconds N] [--concurrency N] [--keys N] [--rounds N]";
+
+impl Args {
+    fn parse() -> Result<Self, String> {
+        let mut store = std::env::var("BENCH_STORE").unwrap_or_else(|_| "all".into());
+        let mut seconds = std::env::var("BENCH_SECONDS").unwrap_or_else(|_| "5".into());
+        let mut concurrency = std::env::var("BENCH_CONCURRENCY").unwrap_or_else(|_| "32".into());
+        let mut keys = "1000".to_owned();
+        let mut rounds = "5".to_owned();
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let (name, inline) = match arg.split_once('=') {
+                Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
+                None => (arg.clone(), None),
+            };
+            let slot = match name.as_str() {
+                "--store" => &mut store,
+                "--seconds" => &mut seconds,
+                "--concurrency" => &mut concurrency,
+                "--keys" => &mut keys,
+                "--rounds" => &mut rounds,
+                "-h" | "--help" => return Err(USAGE.to_owned()),
+                other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+            };
+            *slot = match inline {
+                Some(v) => v,
+                None => args
+                    .next()
+                    .ok_or_else(|| format!("{name} needs a value\n{USAGE}"))?,
+            };
+        }
+        let stores = match store.as_str() {
+            "all" => vec![StoreKind::Memory, StoreKind::Redis, StoreKind::Postgres],
+            "memory" => vec![StoreKind::Memory],
+            "redis" => vec![StoreKind::Redis],
+            "postgres" => vec![StoreKind::Postgres],
+            other => return Err(format!("unknown store {other:?}\n{USAGE}")),
+        };
+        let seconds: f64 = seconds
+            .parse()
+            .ok()
+            .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 600.0)
+            .ok_or_else(|| format!("--seconds must be a number in (0, 600], got {seconds:?}"))?;
+        let concurrency: usize = concurrency
+            .parse()
+            .ok()
+            .filter(|c| (1..=1024).contains(c))
+            .ok_or_else(|| format!("--concurrency must be 1 to 1024, got {concurrency:?}"))?;
+        let keys: usize = keys
+            .parse()
+            .ok()
+            .filter(|k| (1..=1_000_000).contains(k))
+            .ok_or_else(|| format!("--keys must be 1 to 1000000, got {keys:?}"))?;
+        let rounds: u32 = rounds
+            .parse()
+            .ok()
+            .filter(|r| (1..=100).contains(r))
+            .ok_or_else(|| format!("--rounds must be 1 to 100, got {rounds:?}"))?;
+        Ok(Self {
+            stores,
+            duration: Duration::from_secs_f64(seconds),
+            concurrency,
+            keys,
+            rounds,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The handlers
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewOrder {
+    customer_id: String,
+    total_cents: i64,
+}
+
+fn parse(body: &[u8]) -> Result<NewOrder, StatusCode> {
+    serde_json::from_slice(body).map_err(|_| StatusCode::BAD_REQUEST)
+}
+
+fn created(id: i64, order: &NewOrder) -> Response {
+    let body = serde_json::json!({
+        "orderId": id,
+        "customerId": order.customer_id,
+        "totalCents": order.total_cents,
+        "status": "pending",
+    });
+    (StatusCode::CREATED, Json(body)).into_response()
+}
+
+type Orders = Arc<Mutex<Vec<NewOrder>>>;
+
+/// The in-memory handler: parse, push, answer 201.
+async fn memory_create(State(orders): State<Orders>, body: Bytes) -> Response {
+    let order = match parse(&body) {
+        Ok(o) => o,
+        Err(status) => return status.into_response(),
+    };
+    let response = {
+        let mut orders = orders.lock().unwrap_or_else(|p| p.into_inner());
+        let id = i64::try_from(orders.len()).unwrap_or(i64::MAX) + 1;
+        let response = created(id, &order);
+        orders.push(order);
+        response
+    };
+    response
+}
+
+const INSERT: &str =
+    "INSERT INTO bench_orders (customer_id, total_cents) VALUES ($1, $2) RETURNING id";
+
+/// The PostgreSQL handler: parse, INSERT on the pool, answer 201 (bare and standard mode).
+async fn pg_create(State(pool): State<PgPool>, body: Bytes) -> Response {
+    let order = match parse(&body) {
+        Ok(o) => o,
+        Err(status) => return status.into_response(),
+    };
+    match sqlx::query_scalar::<_, i64>(INSERT)
+        .bind(&order.customer_id)
+        .bind(order.total_cents)
+        .fetch_one(&pool)
+        .await
+    {
+        Ok(id) => created(id, &order),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+/// The same handler in transactional mode: the INSERT goes into the idempotency transaction.
+async fn pg_create_tx(tx: IdempotencyTransaction<Postgres>, body: Bytes) -> Response {
+    let order = match parse(&body) {
+        Ok(o) => o,
+        Err(status) => return status.into_response(),
+    };
+    let mut tx = match tx.begin().await {
+        Ok(tx) => tx,
+        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    };
+    match sqlx::query_scalar::<_, i64>(INSERT)
+        .bind(&order.customer_id)
+        .bind(order.total_cents)
+        .fetch_one(&mut **tx)
+        .await
+    {
+        Ok(id) => created(id, &order),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+/// Serve `app` on 127.0.0.1 (a free port, `TCP_NODELAY`); the base URL.
+async fn serve(app: Router) -> Result<String, BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            eprintln!("server on {addr} stopped: {err}");
+        }
+    });
+    Ok(format!("http://{addr}/orders"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The load
+// ---------------------------------------------------------------------------------------------
+
+/// Which `Idempotency-Key` each request carries.
+#[derive(Clone)]
+enum Keys {
+    /// A new key for every request.
+    Unique,
+    /// Round-robin over keys that were used once beforehand.
+    Existing(Arc<Vec<String>>),
+    /// The same key for every request.
+    Hot(Arc<str>),
+}
+
+impl Keys {
+    fn key(&self, worker: usize, seq: u64, run: &str) -> String {
+        match self {
+            Keys::Unique => format!("{run}-{worker}-{seq}"),
+            Keys::Existing(keys) => {
+                let i = (worker as u64).wrapping_mul(7919).wrapping_add(seq) as usize;
+                keys[i % keys.len()].clone()
+            }
+            Keys::Hot(key) => key.to_string(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    created: u64,
+    replayed: u64,
+    in_flight: u64,
+    other: u64,
+    errors: u64,
+}
+
+struct Measured {
+    hist: Histogram<u64>,
+    tally: Tally,
+    elapsed: Duration,
+}
+
+impl Measured {
+    fn empty() -> Self {
+        Self {
+            hist: histogram(),
+            tally: Tally::default(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    fn merge(&mut self, other: Measured) {
+        self.hist.add(&other.hist).expect("same histogram bounds");
+        self.tally.created += other.tally.created;
+        self.tally.replayed += other.tally.replayed;
+        self.tally.in_flight += other.tally.in_flight;
+        self.tally.other += other.tally.other;
+        self.tally.errors += other.tally.errors;
+        self.elapsed += other.elapsed;
+    }
+
+    fn requests(&self) -> u64 {
+        self.hist.len()
+    }
+
+    fn per_second(&self) -> f64 {
+        self.requests() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn mix(&self) -> String {
+        let t = &self.tally;
+        let mut s = String::new();
+        for (n, label) in [
+            (t.created, "201"),
+            (t.replayed, "201 replayed"),
+            (t.in_flight, "409"),
+            (t.other, "other"),
+            (t.errors, "transport errors"),
+        ] {
+            if n > 0 {
+                if !s.is_empty() {
+                    s.push_str(", ");
+                }
+                let _ = write!(s, "{n} {label}");
+            }
+        }
+        s
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    // Microseconds, 1 us to 60 s, 3 significant digits.
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+/// `concurrency` workers, each sending one request at a time to `url` until `duration` passed.
+async fn drive(
+    client: &reqwest::Client,
+    url: &str,
+    keys: &Keys,
+    concurrency: usize,
+    duration: Duration,
+) -> Measured {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let start = Instant::now();
+    let deadline = start + duration;
+    let workers: Vec<_> = (0..concurrency)
+        .map(|worker| {
+            let client = client.clone();
+            let url = url.to_owned();
+            let keys = keys.clone();
+            let run = run.clone();
+            tokio::spawn(async move {
+                let mut hist = histogram();
+                let mut tally = Tally::default();
+                let mut seq = 0u64;
+                while Instant::now() < deadline {
+                    let key = keys.key(worker, seq, &run);
+                    seq += 1;
+                    let sent = Instant::now();
+                    let result = client
+                        .post(&url)
+                        .header("Idempotency-Key", key)
+                        .header("Content-Type", "application/json")
+                        .body(BODY)
+                        .send()
+                        .await;
+                    let response = match result {
+                        Ok(r) => r,
+                        Err(_) => {
+                            tally.errors += 1;
+                            continue;
+                        }
+                    };
+                    let status = response.status();
+                    let replayed = response.headers().contains_key("idempotent-replayed");
+                    if response.bytes().await.is_err() {
+                        tally.errors += 1;
+                        continue;
+                    }
+                    let micros = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    hist.saturating_record(micros.max(1));
+                    match status.as_u16() {
+                        201 if replayed => tally.replayed += 1,
+                        201 => tally.created += 1,
+                        409 => tally.in_flight += 1,
+                        _ => tally.other += 1,
+                    }
+                }
+                (hist, tally)
+            })
+        })
+        .collect();
+    let mut total = Measured::empty();
+    for worker in workers {
+        let (hist, tally) = worker.await.expect("worker task");
+        total.merge(Measured {
+            hist,
+            tally,
+            elapsed: Duration::ZERO,
+        });
+    }
+    total.elapsed = start.elapsed();
+    total
+}
+
+/// Send each of `n` new keys once (with `concurrency` in flight), for the replay scenario.
+async fn create_keys(
+    client: &reqwest::Client,
+    url: &str,
+    n: usize,
+    concurrency: usize,
+) -> Result<Arc<Vec<String>>, BoxError> {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let keys: Arc<Vec<String>> = Arc::new((0..n).map(|i| format!("{run}-r{i}")).collect());
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers: Vec<_> = (0..concurrency.min(n))
+        .map(|_| {
+            let (client, url, keys, next) =
+                (client.clone(), url.to_owned(), keys.clone(), next.clone());
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(key) = keys.get(i) else {
+                        return Ok::<(), String>(());
+                    };
+                    let response = client
+                        .post(&url)
+                        .header("Idempotency-Key", key)
+                        .header("Content-Type", "application/json")
+                        .body(BODY)
+                        .send()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if response.status() != StatusCode::CREATED {
+                        return Err(format!("creating a key answered {}", response.status()));
+                    }
+                    response.bytes().await.map_err(|e| e.to_string())?;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await??;
+    }
+    Ok(keys)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios and the table
+// ---------------------------------------------------------------------------------------------
+
+/// One line of the table: a server, and how its requests pick their keys.
+struct Scenario {
+    store: &'static str,
+    name: &'static str,
+    url: String,
+    keys: Plan,
+}
+
+/// How a scenario's requests pick their keys, round after round.
+#[derive(Clone)]
+enum Plan {
+    /// A new key per request.
+    Unique,
+    /// Keys created before the first round, requested over and over.
+    Existing(Arc<Vec<String>>),
+    /// One key for every request, a new one each round (so each round starts with its execution).
+    Hot,
+}
+
+impl Plan {
+    fn keys(&self) -> Keys {
+        match self {
+            Plan::Unique => Keys::Unique,
+            Plan::Existing(keys) => Keys::Existing(keys.clone()),
+            Plan::Hot => Keys::Hot(Arc::from(uuid::Uuid::new_v4().to_string())),
+        }
+    }
+}
+
+struct Row {
+    store: &'static str,
+    scenario: &'static str,
+    measured: Measured,
+    bare_per_second: f64,
+}
+
+struct Bench {
+    args: Args,
+    client: reqwest::Client,
+    rows: Vec<Row>,
+}
+
+impl Bench {
+    /// Run a group of scenarios (the first one the bare handler) in alternating rounds.
+    ///
+    /// Each scenario gets a warm-up, then `rounds` slices of `duration / rounds`, interleaved with
+    /// the other scenarios' slices (the starting scenario rotates each round), so drift in the
+    /// machine's load falls on every scenario alike. The ratio is against the group's bare run.
+    async fn group(&mut self, scenarios: Vec<Scenario>) {
+        let rounds = self.args.rounds;
+        let slice = self.args.duration / rounds;
+        let warmup = (self.args.duration / 5).min(Duration::from_secs(1));
+        for s in &scenarios {
+            drive(
+                &self.client,
+                &s.url,
+                &s.keys.keys(),
+                self.args.concurrency,
+                warmup,
+            )
+            .await;
+        }
+        let mut totals: Vec<Measured> = scenarios.iter().map(|_| Measured::empty()).collect();
+        for round in 0..rounds as usize {
+            for i in 0..scenarios.len() {
+                let i = (i + round) % scenarios.len();
+                let s = &scenarios[i];
+                let m = drive(
+                    &self.client,
+                    &s.url,
+                    &s.keys.keys(),
+                    self.args.concurrency,
+                    slice,
+                )
+                .await;
+                totals[i].merge(m);
+            }
+        }
+        let bare = totals[0].per_second();
+        for (s, measured) in scenarios.iter().zip(totals) {
+            eprintln!(
+                "  {:<26} {:<16} {:>8.0} req/s  p50 {:>9}  p99 {:>9}  ({})",
+                s.store,
+                s.name,
+                measured.per_second(),
+                ms(measured.hist.value_at_quantile(0.5)),
+                ms(measured.hist.value_at_quantile(0.99)),
+                measured.mix()
+            );
+            self.rows.push(Row {
+                store: s.store,
+                scenario: s.name,
+                measured,
+                bare_per_second: bare,
+            });
+        }
+    }
+
+    /// The bare scenario and the three layered ones against `layered`.
+    async fn scenarios(
+        &self,
+        store: &'static str,
+        bare: Option<&str>,
+        layered: &str,
+    ) -> Result<Vec<Scenario>, BoxError> {
+        let keys =
+            create_keys(&self.client, layered, self.args.keys, self.args.concurrency).await?;
+        let mut out = Vec::new();
+        if let Some(bare) = bare {
+            out.push(Scenario {
+                store: store.split(' ').next().unwrap_or(store),
+                name: "bare",
+                url: bare.to_owned(),
+                keys: Plan::Unique,
+            });
+        }
+        for (name, keys) in [
+            ("first-time keys", Plan::Unique),
+            ("replays", Plan::Existing(keys)),
+            ("hot key", Plan::Hot),
+        ] {
+            out.push(Scenario {
+                store,
+                name,
+                url: layered.to_owned(),
+                keys,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn memory(&mut self) -> Result<(), BoxError> {
+        let app = || Router::new().route("/orders", post(memory_create));
+        let orders = Orders::default();
+        let bare = serve(app().with_state(orders.clone())).await?;
+        let layer = Idempotency::memory().with_ttl(RECORD_TTL);
+        let layered = serve(app().route_layer(layer).with_state(orders)).await?;
+        let scenarios = self.scenarios("memory", Some(&bare), &layered).await?;
+        self.group(scenarios).await;
+        Ok(())
+    }
+
+    async fn redis(&mut self) -> Result<(), BoxError> {
+        let url = std::env::var("REDIS_URL").map_err(|_| {
+            "REDIS_URL is not set: export REDIS_URL=redis://127.0.0.1:6379 (or skip with --store)"
+        })?;
+        let client = redis::Client::open(url.as_str())?;
+        let prefix = format!("bench-{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(client).await?.with_prefix(prefix);
+        let app = || Router::new().route("/orders", post(memory_create));
+        let orders = Orders::default();
+        let bare = serve(app().with_state(orders.clone())).await?;
+        let layer = Idempotency::new(store).with_ttl(RECORD_TTL);
+        let layered = serve(app().route_layer(layer).with_state(orders)).await?;
+        let scenarios = self.scenarios("redis", Some(&bare), &layered).await?;
+        self.group(scenarios).await;
+        Ok(())
+    }
+
+    async fn postgres(&mut self) -> Result<(), BoxError> {
+        let pool = bench_database(self.args.concurrency).await?;
+        pool.execute("TRUNCATE bench_orders, idempotency_records")
+            .await?;
+        let bare = serve(
+            Router::new()
+                .route("/orders", post(pg_create))
+                .with_state(pool.clone()),
+        )
+        .await?;
+        let transactional = serve(
+            Router::new()
+                .route("/orders", post(pg_create_tx))
+                .route_layer(
+                    Idempotency::postgres(pool.clone())
+                        .with_ttl(RECORD_TTL)
+                        .transactional(),
+                ),
+        )
+        .await?;
+        let standard = serve(
+            Router::new()
+                .route("/orders", post(pg_create))
+                .route_layer(Idempotency::postgres(pool.clone()).with_ttl(RECORD_TTL))
+                .with_state(pool.clone()),
+        )
+        .await?;
+        let mut scenarios = self
+            .scenarios("postgres (transactional)", Some(&bare), &transactional)
+            .await?;
+        scenarios.extend(
+            self.scenarios("postgres (standard)", None, &standard)
+                .await?,
+        );
+        self.group(scenarios).await;
+        pool.execute("TRUNCATE bench_orders, idempotency_records")
+            .await?;
+        pool.close().await;
+        Ok(())
+    }
+
+    fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "| store | scenario | requests/s | p50 | p99 | vs bare (req/s) | answers |"
+        );
+        let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---|");
+        for row in &self.rows {
+            let m = &row.measured;
+            let ratio = if row.bare_per_second > 0.0 {
+                format!("{:.2}x", m.per_second() / row.bare_per_second)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {} | {} | {} | {} |",
+                row.store,
+                row.scenario,
+                m.per_second(),
+                ms(m.hist.value_at_quantile(0.5)),
+                ms(m.hist.value_at_quantile(0.99)),
+                ratio,
+                m.mix()
+            );
+        }
+        out
+    }
+}
+
+fn ms(micros: u64) -> String {
+    format!("{:.2} ms", micros as f64 / 1000.0)
+}
+
+/// A pool on [`BENCH_DATABASE`] (created if missing), migrated, with the `bench_orders` table.
+async fn bench_database(concurrency: usize) -> Result<PgPool, BoxError> {
+    let url = std::env::var("DATABASE_URL").map_err(|_| {
+        "DATABASE_URL is not set: export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test (or skip with --store)"
+    })?;
+    let opts: sqlx::postgres::PgConnectOptions = url.parse()?;
+    let mut admin = sqlx::PgConnection::connect_with(&opts).await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(BENCH_DATABASE)
+            .fetch_one(&mut admin)
+            .await?;
+    if !exists {
+        admin
+            .execute(sqlx::AssertSqlSafe(format!(
+                r#"CREATE DATABASE "{BENCH_DATABASE}""#
+            )))
+            .await?;
+    }
+    admin.close().await?;
+    let max = u32::try_from(concurrency + 8).unwrap_or(u32::MAX).min(90);
+    let pool = PgPoolOptions::new()
+        .max_connections(max)
+        .min_connections(max.min(16))
+        .connect_with(opts.database(BENCH_DATABASE))
+        .await?;
+    PostgresStore::new(pool.clone()).migrate().await?;
+    pool.execute(
+        "CREATE TABLE IF NOT EXISTS bench_orders (
+            id          bigserial PRIMARY KEY,
+            customer_id text      NOT NULL,
+            total_cents bigint    NOT NULL
+        )",
+    )
+    .await?;
+    Ok(pool)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match Args::parse() {
+        Ok(args) => args,
+        Err(msg) => {
+            eprintln!("{msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let client = match reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency * 2)
+        .timeout(Duration::from_secs(10))
+        .tcp_nodelay(true)
+        .build()
+    {
+        Ok(c) => c,
+        Err(err) => {
+            eprintln!("error: cannot build the HTTP client: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    eprintln!(
+        "tower-idempotency bench: {:?} per scenario in {} rounds, {} concurrent workers, {} replay keys",
+        args.duration, args.rounds, args.concurrency, args.keys
+    );
+    let mut bench = Bench {
+        args: args.clone(),
+        client,
+        rows: Vec::new(),
+    };
+    let mut failed = false;
+    for store in &args.stores {
+        eprintln!("{store:?}:");
+        let result = match store {
+            StoreKind::Memory => bench.memory().await,
+            StoreKind::Redis => bench.redis().await,
+            StoreKind::Postgres => bench.postgres().await,
+        };
+        if let Err(err) = result {
+            eprintln!("error: {store:?} bench failed: {err}");
+            failed = true;
+        }
+    }
+    println!(
+        "{} s per scenario in {} alternating rounds, {} concurrent keep-alive workers, client and servers in one process on 127.0.0.1\n",
+        args.duration.as_secs_f64(),
+        args.rounds,
+        args.concurrency
+    );
+    print!("{}", bench.table());
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
