@@ -666,6 +666,12 @@ pub async fn body_over_limit_is_413_and_claims_nothing(store: impl Store) {
     send(server.order("big-1"))
         .await
         .assert_executed(StatusCode::CREATED, 1);
+    // exactly the limit is accepted
+    let at_limit = format!(r#"{{"padding":"{}"}}"#, "x".repeat(50));
+    assert_eq!(at_limit.len(), 64);
+    send(server.post_key("/orders", "big-2", &at_limit))
+        .await
+        .assert_executed(StatusCode::CREATED, 2);
 }
 
 /// A chunked body (no `Content-Length`) that grows over the limit: 413, nothing claimed.
@@ -1527,6 +1533,7 @@ impl Widgets for sqlx::Sqlite {
 
 /// `POST /tx/flaky`: writes a row in the transaction; answers 503 on its first execution and 201
 /// after. `POST /tx/write`: writes a row, 201. `POST /tx/none`: never begins the transaction, 201.
+/// `POST /tx/panic`: writes a row, then panics on its first execution; 201 after.
 /// `POST /tx/stolen`: on its first execution, its record is taken over behind its back before
 /// it writes its row; 201.
 fn tx_routes<DB: Widgets>(state: AppRef, pool: sqlx::Pool<DB>) -> Router {
@@ -1546,6 +1553,9 @@ fn tx_routes<DB: Widgets>(state: AppRef, pool: sqlx::Pool<DB>) -> Router {
         }
         if let Err(err) = DB::insert(&tx, key.as_str()).await {
             return (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response();
+        }
+        if what == "panic" && n == 1 {
+            panic!("POST /tx/panic panics after its write (on purpose)");
         }
         let status = if what == "flaky" && n == 1 {
             StatusCode::SERVICE_UNAVAILABLE
@@ -1656,5 +1666,28 @@ where
         .await
         .assert_replay_of(&retry);
     assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    assert_eq!(server.state.executions(), 2);
+}
+
+/// Transactional mode: a handler that panics after its write has the write rolled back and the
+/// key released; the retry does the work once.
+pub async fn transactional_panic_rolls_back_and_releases<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_transactional(store).await;
+    let failed = try_send(server.post_key("/tx/panic", "tx-5", ORDER)).await;
+    assert!(
+        failed.is_err(),
+        "the panicking attempt answered: {failed:?}"
+    );
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 0);
+    let retry = send(server.post_key("/tx/panic", "tx-5", ORDER)).await;
+    retry.assert_executed(StatusCode::CREATED, 2);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    send(server.post_key("/tx/panic", "tx-5", ORDER))
+        .await
+        .assert_replay_of(&retry);
     assert_eq!(server.state.executions(), 2);
 }

@@ -137,7 +137,7 @@ mod store_down {
     /// A pool on a closed port (nothing listens on 127.0.0.1:1); nothing connects until used.
     fn postgres_down() -> PostgresStore {
         let pool = PgPoolOptions::new()
-            .acquire_timeout(Duration::from_secs(2))
+            .acquire_timeout(Duration::from_secs(1))
             .connect_lazy("postgres://postgres@127.0.0.1:1/down")
             .expect("a valid url");
         PostgresStore::new(pool)
@@ -226,6 +226,7 @@ mod transactional {
         transactional_503_rolls_back_and_releases,
         transactional_without_begin_is_saved,
         transactional_lease_lost_rolls_back_with_409,
+        transactional_panic_rolls_back_and_releases,
     );
 
     transactional_tests!(sqlite => super::super::sqlite_store().await;
@@ -233,6 +234,7 @@ mod transactional {
         transactional_503_rolls_back_and_releases,
         transactional_without_begin_is_saved,
         transactional_lease_lost_rolls_back_with_409,
+        transactional_panic_rolls_back_and_releases,
     );
 }
 
