@@ -339,6 +339,7 @@ impl<St: Store, M> Idempotency<St, M> {
         )
     }
 
+    #[cfg(feature = "sqlx")]
     pub(crate) fn into_mode<M2>(self) -> Idempotency<St, M2> {
         Idempotency {
             store: self.store,

@@ -28,6 +28,8 @@ pub use memory::MemoryStore;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sqlx")]
+mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 

@@ -53,23 +53,18 @@
 //! [`Store::sweep`] from your own scheduler). An expired row is already treated as absent by
 //! `claim`, so sweeping is about space, not correctness.
 
-use std::{
-    collections::HashMap,
-    fmt,
-    sync::{Arc, Mutex, PoisonError},
-    time::Duration,
-};
+use std::{fmt, sync::Arc, time::Duration};
 
-use bytes::Bytes;
 use sqlx::{
     migrate::{MigrateError, Migration, MigrationType, Migrator},
     sqlite::{Sqlite, SqlitePool},
     Row, SqlSafeStr,
 };
-use tokio::{sync::Notify, time::Instant};
+use tokio::time::Instant;
 
 pub use sqlx;
 
+use super::sql::{millis, remaining, saved_response, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
@@ -406,134 +401,10 @@ impl Idempotency<SqliteStore> {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Notifications
-// ---------------------------------------------------------------------------------------------
-
-/// Per-key wake-ups for the waiters of this process. An entry lives while someone waits on it.
-#[derive(Debug, Default)]
-struct Waiters {
-    map: Mutex<HashMap<KeyHash, (Arc<Notify>, usize)>>,
-}
-
-impl Waiters {
-    fn register(self: &Arc<Self>, key: KeyHash) -> Waiter {
-        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = map.entry(key).or_insert_with(|| (Arc::default(), 0));
-        entry.1 += 1;
-        Waiter {
-            notify: entry.0.clone(),
-            key,
-            waiters: self.clone(),
-        }
-    }
-
-    fn wake(&self, key: &KeyHash) {
-        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((notify, _)) = map.get(key) {
-            notify.notify_waiters();
-        }
-    }
-}
-
-/// One registered waiter; unregisters on drop.
-struct Waiter {
-    notify: Arc<Notify>,
-    key: KeyHash,
-    waiters: Arc<Waiters>,
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        let mut map = self
-            .waiters
-            .map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = map.get_mut(&self.key) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                map.remove(&self.key);
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Conversions
-// ---------------------------------------------------------------------------------------------
-
-/// The longest lease or retention the store writes: 100 years, far beyond any useful setting
-/// and far inside the range of the millisecond columns.
-const MAX_MILLIS: i64 = 100 * 365 * 24 * 60 * 60 * 1000;
-
-/// A duration in whole milliseconds for the SQL, at least 1 (a zero lease would make a claim
-/// indistinguishable from a takeover) and at most [`MAX_MILLIS`].
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis())
-        .unwrap_or(MAX_MILLIS)
-        .clamp(1, MAX_MILLIS)
-}
-
-/// The lease left, from the milliseconds the claim computed.
-fn remaining(ms: Option<i64>) -> Duration {
-    Duration::from_millis(ms.and_then(|ms| u64::try_from(ms).ok()).unwrap_or(0))
-}
-
-/// The saved response of a `done` record.
-fn saved_response(
-    status: Option<i32>,
-    headers: Option<Vec<u8>>,
-    body: Option<Vec<u8>>,
-) -> Result<StoredResponse, StoreError> {
-    let (Some(status), Some(headers), Some(body)) = (status, headers, body) else {
-        return Err(StoreError::corrupt("a done record has no saved response"));
-    };
-    let status = u16::try_from(status).map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
-    StoredResponse::from_parts(status, &headers, Bytes::from(body))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn millis_are_clamped() {
-        assert_eq!(millis(Duration::ZERO), 1);
-        assert_eq!(millis(Duration::from_micros(1500)), 1);
-        assert_eq!(millis(Duration::from_secs(30)), 30_000);
-        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
-    }
-
-    #[test]
-    fn remaining_is_never_negative() {
-        assert_eq!(remaining(Some(-5)), Duration::ZERO);
-        assert_eq!(remaining(None), Duration::ZERO);
-        assert_eq!(remaining(Some(1500)), Duration::from_millis(1500));
-    }
-
-    #[test]
-    fn a_done_record_without_a_response_is_corrupt() {
-        let err = saved_response(None, Some(vec![]), Some(vec![])).unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-        let err = saved_response(Some(-1), Some(vec![]), Some(vec![])).unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-        let ok = saved_response(Some(201), Some(b"x-a: 1\n".to_vec()), Some(b"hi".to_vec()));
-        assert_eq!(ok.unwrap().status, http::StatusCode::CREATED);
-    }
-
-    #[test]
-    fn waiters_are_removed_when_the_last_one_leaves() {
-        let waiters = Arc::new(Waiters::default());
-        let key = KeyHash([1; 32]);
-        let a = waiters.register(key);
-        let b = waiters.register(key);
-        assert!(Arc::ptr_eq(&a.notify, &b.notify));
-        drop(a);
-        assert_eq!(waiters.map.lock().unwrap().len(), 1);
-        drop(b);
-        assert!(waiters.map.lock().unwrap().is_empty());
-    }
+    use bytes::Bytes;
 
     #[tokio::test]
     async fn in_memory_database_claims_and_replays() {
