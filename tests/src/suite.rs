@@ -382,6 +382,13 @@ impl Reply {
             .unwrap_or_else(|| panic!("Retry-After {value:?} is not whole seconds"))
     }
 
+    /// `Retry-After`, if present.
+    pub fn retry_after_opt(&self) -> Option<u64> {
+        self.headers
+            .get(header::RETRY_AFTER)
+            .map(|_| self.retry_after())
+    }
+
     /// The body as JSON.
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
@@ -583,15 +590,6 @@ pub async fn missing_key_is_400_problem(store: impl Store) {
     reply.assert_problem(StatusCode::BAD_REQUEST);
     assert_eq!(reply.retry_after_opt(), None);
     assert_eq!(server.state.executions(), 0);
-}
-
-impl Reply {
-    /// `Retry-After`, if present.
-    pub fn retry_after_opt(&self) -> Option<u64> {
-        self.headers
-            .get(header::RETRY_AFTER)
-            .map(|_| self.retry_after())
-    }
 }
 
 async fn assert_key_refused(server: &TestServer, request: reqwest::RequestBuilder) {
