@@ -87,7 +87,15 @@ pub(crate) fn renewed() {
 
 /// The span one covered request runs in.
 pub(crate) fn span(key: &KeyHash, method: &http::Method, path: &str) -> tracing::Span {
-    // 16 hex digits identify the record in logs without making the span line long.
-    let short = &key.to_hex()[..16];
-    tracing::info_span!(target: "tower_idempotency", "idempotency", key = short, %method, path)
+    tracing::info_span!(target: "tower_idempotency", "idempotency", key = %ShortKey(key), %method, path)
+}
+
+/// The first 16 hex digits of a key hash: enough to find the record, short in a log line.
+/// Formatted only if a subscriber records the span.
+struct ShortKey<'a>(&'a KeyHash);
+
+impl std::fmt::Display for ShortKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::key::hex(&self.0 .0[..8]))
+    }
 }

@@ -89,30 +89,45 @@ const LISTENER_RETRY: Duration = Duration::from_secs(5);
 
 /// Claim in one statement.
 ///
-/// `claimed` inserts the record, or overwrites it when it has expired (a fresh claim, any
-/// fingerprint) or when it is running with a lapsed lease and the same fingerprint (a takeover:
-/// new token and lease, original `created_at` and `expires_at`). `created_at <> now()` in its
-/// `RETURNING` tells a takeover from a fresh claim: a fresh claim writes `now()`, a takeover keeps
-/// a `created_at` at least one lease older.
+/// `live` reads the record as this statement's snapshot sees it, without a lock. A live record
+/// that cannot be claimed (another fingerprint, `done`, or `running` with a valid lease) answers
+/// at once: those states hold until the record expires (a lease can only lapse, which the next
+/// claim handles), so no lock is needed to report them. Replays, duplicates in flight and
+/// mismatches are read-only statements: no transaction id, no WAL flush, no row lock that
+/// concurrent replays of one hot key would queue on.
 ///
-/// When the `WHERE` fails, `ON CONFLICT` has still locked the latest version of the row, and
-/// `existing` reads it `FOR SHARE`: under READ COMMITTED a locking read follows the row to its
-/// latest committed version, so a row completed after this statement's snapshot was taken is read
-/// as it is now, not as the snapshot saw it. `existing` runs only when `claimed` is empty (a
-/// one-time filter), so it never touches a row this statement wrote.
+/// Otherwise `claimed` inserts the record, or overwrites it when it has expired (a fresh claim,
+/// any fingerprint) or when it is running with a lapsed lease and the same fingerprint (a
+/// takeover: new token and lease, original `created_at` and `expires_at`). `created_at <> now()`
+/// in its `RETURNING` tells a takeover from a fresh claim: a fresh claim writes `now()`, a
+/// takeover keeps a `created_at` at least one lease older. The decision to run the handler is
+/// made only here, under the primary key's conflict check, never by the unlocked read.
+///
+/// When that `WHERE` fails (another attempt changed the row after the snapshot), `ON CONFLICT`
+/// has locked the latest version of the row, and `existing` reads it `FOR SHARE`: under READ
+/// COMMITTED a locking read follows the row to its latest committed version. `existing` runs
+/// only when `live` and `claimed` are empty (one-time filters), so it never touches a row this
+/// statement wrote.
 ///
 /// One case remains: a row inserted by a transaction that committed after the snapshot. `ON
 /// CONFLICT` waits for it and sees it, but no read in this statement can: the statement returns
 /// no row, and [`PostgresStore::claim`] runs it again with a fresh snapshot.
 const CLAIM: &str = r#"
-WITH claimed AS (
+WITH live AS (
+    SELECT l.fingerprint, l.state, l.status, l.headers, l.body, l.lease_until
+    FROM idempotency_records AS l
+    WHERE l.key = $1
+      AND l.expires_at > now()
+      AND (l.fingerprint <> $2 OR l.state = 'done' OR l.lease_until > now())
+),
+claimed AS (
     INSERT INTO idempotency_records AS r
         (key, fingerprint, token, state, created_at, lease_until, expires_at)
-    VALUES (
+    SELECT
         $1, $2, $3, 'running', now(),
         now() + $4 * interval '1 millisecond',
         now() + $5 * interval '1 millisecond'
-    )
+    WHERE NOT EXISTS (SELECT FROM live)
     ON CONFLICT (key) DO UPDATE SET
         fingerprint = EXCLUDED.fingerprint,
         token       = EXCLUDED.token,
@@ -130,8 +145,13 @@ WITH claimed AS (
 existing AS (
     SELECT e.fingerprint, e.state, e.status, e.headers, e.body, e.lease_until
     FROM idempotency_records AS e
-    WHERE e.key = $1 AND NOT EXISTS (SELECT FROM claimed)
+    WHERE e.key = $1 AND NOT EXISTS (SELECT FROM live) AND NOT EXISTS (SELECT FROM claimed)
     FOR SHARE
+),
+found AS (
+    SELECT * FROM live
+    UNION ALL
+    SELECT * FROM existing
 )
 SELECT 'claimed' AS outcome, taken_over, NULL::bigint AS lease_remaining_ms,
        NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
@@ -143,7 +163,7 @@ SELECT CASE WHEN fingerprint <> $2 THEN 'mismatch'
        false,
        greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
        status, headers, body
-FROM existing
+FROM found
 "#;
 
 /// Extend the lease of the running record held with the token.

@@ -121,16 +121,13 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         prologue!(),
         r#"
-local rec = redis.call('HMGET', KEYS[1], 'fp', 'state', 'lease_until', 'expires_at')
-local expires_at = tonumber(rec[4])
-if redis.call('EXISTS', KEYS[1]) == 1 and not (expires_at and expires_at <= now) then
-  local fp, state, lease_until = rec[1], rec[2], tonumber(rec[3])
+local rec = redis.call('HMGET', KEYS[1], 'fp', 'state', 'lease_until', 'expires_at',
+  'status', 'headers', 'body')
+local fp, state, lease_until, expires_at = rec[1], rec[2], tonumber(rec[3]), tonumber(rec[4])
+if (fp or state or rec[3] or rec[4]) and not (expires_at and expires_at <= now) then
   if not fp or not expires_at then return {'corrupt'} end
   if fp ~= ARGV[1] then return {'mismatch'} end
-  if state == 'done' then
-    local saved = redis.call('HMGET', KEYS[1], 'status', 'headers', 'body')
-    return {'done', saved[1], saved[2], saved[3]}
-  end
+  if state == 'done' then return {'done', rec[5], rec[6], rec[7]} end
   if state ~= 'running' or not lease_until then return {'corrupt'} end
   if lease_until > now then return {'inflight', lease_until - now} end
   redis.call('HSET', KEYS[1], 'token', ARGV[2], 'lease_until', now + tonumber(ARGV[3]))
