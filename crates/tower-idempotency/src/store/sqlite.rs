@@ -77,6 +77,24 @@ const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
 /// How many times `migrate` runs when another process applied the same migration meanwhile.
 const MIGRATE_ATTEMPTS: usize = 3;
 
+/// Read, without taking the write lock, a live record that cannot be claimed: another
+/// fingerprint, `done`, or `running` under a valid lease. Those states hold until the record
+/// expires, so replays, duplicates in flight and mismatches are answered by this read alone and
+/// never queue behind writers. Anything else goes to [`CLAIM`], which alone decides who runs.
+const LIVE: &str = r#"
+SELECT CASE WHEN r.fingerprint <> ?2 THEN 'mismatch'
+            WHEN r.state = 'done' THEN 'done'
+            ELSE 'in_flight' END AS outcome,
+       false AS taken_over,
+       max(0, r.lease_until - clock.now) AS lease_remaining_ms,
+       r.status, r.headers, r.body
+FROM idempotency_records AS r,
+     (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now) AS clock
+WHERE r.key = ?1
+  AND r.expires_at > clock.now
+  AND (r.fingerprint <> ?2 OR r.state = 'done' OR r.lease_until > clock.now)
+"#;
+
 /// Claim in one statement.
 ///
 /// The clock is read once: `clock.now` becomes `excluded.created_at`, and SQLite returns the
@@ -92,9 +110,9 @@ const MIGRATE_ATTEMPTS: usize = 3;
 ///
 /// Atomic because it is one statement and SQLite runs one writer at a time: no other write can
 /// fall between the decision and the claim, or between the claim and the read of the outcome.
-/// The price of the single statement is that a claim that loses still rewrites its row; a
-/// transaction of an `INSERT .. WHERE` and a `SELECT` would avoid that write, but take the same
-/// write lock for three round trips instead of one.
+/// The price of the single statement is that a claim that loses still rewrites its row; [`LIVE`]
+/// answers the common losing cases (replays, duplicates in flight, mismatches) first without a
+/// write, so this statement runs only for new, expired and lapsed records and the rare race.
 const CLAIM: &str = r#"
 INSERT INTO idempotency_records AS r
     (key, fingerprint, token, state, created_at, lease_until, expires_at)
@@ -249,14 +267,24 @@ impl fmt::Debug for SqliteStore {
 
 impl Store for SqliteStore {
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        let row = sqlx::query(CLAIM)
+        let live = sqlx::query(LIVE)
             .bind(claim.key.as_bytes().as_slice())
             .bind(claim.fingerprint.as_bytes().as_slice())
-            .bind(claim.token.as_uuid())
-            .bind(millis(claim.lease))
-            .bind(millis(claim.ttl))
-            .fetch_one(&self.inner.pool)
+            .fetch_optional(&self.inner.pool)
             .await?;
+        let row = match live {
+            Some(row) => row,
+            None => {
+                sqlx::query(CLAIM)
+                    .bind(claim.key.as_bytes().as_slice())
+                    .bind(claim.fingerprint.as_bytes().as_slice())
+                    .bind(claim.token.as_uuid())
+                    .bind(millis(claim.lease))
+                    .bind(millis(claim.ttl))
+                    .fetch_one(&self.inner.pool)
+                    .await?
+            }
+        };
         let outcome: &str = row.try_get("outcome")?;
         match outcome {
             "claimed" => Ok(ClaimOutcome::Claimed {
