@@ -90,6 +90,6 @@ ensure_nextest
 drop_old_test_databases
 
 log "DATABASE_URL=$DATABASE_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URLS=$REDIS_CLUSTER_URLS"
-cargo nextest run --workspace --all-features --no-fail-fast "$@"
-# nextest does not run doctests.
+# nextest does not run doctests: run them first, so nextest's summary closes the run.
 cargo test --workspace --all-features --doc
+cargo nextest run --workspace --all-features --no-fail-fast "$@"
