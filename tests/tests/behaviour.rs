@@ -175,6 +175,14 @@ mod store_down {
         RedisStore::new(manager).with_prefix(unique_name("down"))
     }
 
+    /// A store built while nothing listens at its address: the application starts anyway.
+    fn redis_never_up() -> RedisStore {
+        let client = redis::Client::open("redis://127.0.0.1:1").expect("a valid url");
+        RedisStore::lazy(client)
+            .expect("a lazy store needs no server")
+            .with_prefix(unique_name("never"))
+    }
+
     macro_rules! down_tests {
         ($($name:ident => $store:expr),* $(,)?) => {
             $(
@@ -199,6 +207,8 @@ mod store_down {
         sqlite_fail_open => sqlite_down(),
         redis_fails_closed => redis_down().await,
         redis_fail_open => redis_down().await,
+        redis_never_up_fails_closed => redis_never_up(),
+        redis_never_up_fail_open => redis_never_up(),
     );
 }
 

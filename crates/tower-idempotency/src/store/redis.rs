@@ -98,6 +98,9 @@ use crate::key::KeyHash;
 /// The key prefix used unless [`RedisStore::with_prefix`] sets another.
 pub const DEFAULT_PREFIX: &str = "idempotency";
 
+/// How long [`RedisStore::lazy`] waits for a connection before the request fails.
+const LAZY_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The longest lease or TTL sent to Redis, in milliseconds (about 285 years). Longer durations
 /// are clamped so that the server's arithmetic stays exact.
 const MAX_MILLIS: u64 = 1 << 53;
@@ -289,6 +292,30 @@ impl RedisStore {
     /// Fails with [`StoreErrorKind::Unavailable`](super::StoreErrorKind::Unavailable) when the server cannot be reached.
     pub async fn connect(client: redis::Client) -> Result<Self, StoreError> {
         let manager = client.get_connection_manager().await?;
+        Ok(Self::new(manager).with_notifications(client))
+    }
+
+    /// A store on `client` that connects on first use, with wait-mode notifications: the
+    /// application starts even while Redis is down (its requests then get 503, or run unguarded
+    /// with [`fail_open`](crate::Idempotency::fail_open)), and the store connects once Redis is
+    /// back.
+    ///
+    /// ```
+    /// use tower_idempotency::store::redis::{redis, RedisStore};
+    ///
+    /// # fn run() -> Result<(), tower_idempotency::store::StoreError> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379").expect("a valid url");
+    /// let store = RedisStore::lazy(client)?;
+    /// # let _ = store;
+    /// # Ok(()) }
+    /// ```
+    pub fn lazy(client: redis::Client) -> Result<Self, StoreError> {
+        // Few, short connection attempts: while Redis is down a request should get its 503
+        // (or run, fail-open) in about a second, not after the default retry schedule.
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_number_of_retries(1)
+            .set_connection_timeout(Some(LAZY_CONNECT_TIMEOUT));
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
         Ok(Self::new(manager).with_notifications(client))
     }
 
@@ -556,20 +583,20 @@ impl Store for RedisStore {
 }
 
 impl crate::Idempotency<RedisStore> {
-    /// The layer over a [`RedisStore`] connected with `client`
-    /// (see [`RedisStore::connect`]).
+    /// A layer over a [`RedisStore`] on `client`, under the default prefix, connecting on first
+    /// use (see [`RedisStore::lazy`]), with wait-mode notifications.
     ///
-    /// ```no_run
+    /// ```
     /// use tower_idempotency::{store::redis::redis, Idempotency};
     ///
-    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
-    /// let client = redis::Client::open("redis://127.0.0.1:6379").expect("a valid url");
-    /// let layer = Idempotency::redis(client).await?;
+    /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let layer = Idempotency::redis(client)?;
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
-    pub async fn redis(client: redis::Client) -> Result<Self, StoreError> {
-        Ok(Self::new(RedisStore::connect(client).await?))
+    pub fn redis(client: redis::Client) -> Result<Self, StoreError> {
+        Ok(Self::new(RedisStore::lazy(client)?))
     }
 }
 
