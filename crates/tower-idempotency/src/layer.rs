@@ -200,7 +200,7 @@ impl<St: Store, M> Idempotency<St, M> {
     }
 
     /// Keep records for `ttl` after their claim (default 24 h). A key can be reused for a
-    /// different request only after this.
+    /// different request only after this. A zero `ttl` is raised to 1 ms.
     ///
     /// ```
     /// use std::time::Duration;
@@ -213,7 +213,8 @@ impl<St: Store, M> Idempotency<St, M> {
 
     /// How long a claim stays valid without a heartbeat (default 30 s). The layer renews it every
     /// `lease / 3` while the handler runs, so a slow handler is never taken over while it lives;
-    /// if its process dies, a retry can take the key over once the lease lapses.
+    /// if its process dies, a retry can take the key over once the lease lapses. A lease under
+    /// 3 ms is raised to 3 ms (a third of it is the heartbeat period).
     ///
     /// # Warning
     ///
