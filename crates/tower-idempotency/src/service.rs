@@ -165,6 +165,21 @@ where
     Ok(inner.call(req).await?.map(ResponseBody::inner))
 }
 
+/// A header name as people write it (`Idempotency-Key`), for error details; `HeaderName` keeps
+/// names in lower case.
+fn display_name(name: &http::HeaderName) -> String {
+    name.as_str()
+        .split('-')
+        .map(|part| {
+            let mut chars = part.chars();
+            chars.next().map_or_else(String::new, |first| {
+                first.to_ascii_uppercase().to_string() + chars.as_str()
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
 fn reject<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
     rejection.to_response().map(ResponseBody::from_full)
 }
@@ -195,13 +210,13 @@ where
         Ok(Some(key)) => key,
         Ok(None) if config.required => {
             return Ok(reject(Rejection::MissingKey {
-                header: config.header.to_string(),
+                header: display_name(&config.header),
             }))
         }
         Ok(None) => return pass_through(inner, Request::from_parts(parts, body)).await,
         Err(reason) => {
             return Ok(reject(Rejection::InvalidKey {
-                header: config.header.to_string(),
+                header: display_name(&config.header),
                 reason,
             }))
         }
@@ -621,6 +636,15 @@ mod tests {
             assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         }
         assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn header_names_are_shown_as_written_in_requests() {
+        assert_eq!(display_name(&crate::DEFAULT_HEADER_NAME), "Idempotency-Key");
+        assert_eq!(
+            display_name(&http::HeaderName::from_static("x-request-key")),
+            "X-Request-Key"
+        );
     }
 
     #[tokio::test]
