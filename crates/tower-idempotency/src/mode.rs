@@ -76,7 +76,7 @@ impl<St: Store> Mode<St> for Standard {
         loop {
             match store.complete(key, token, response).await {
                 Err(err) if attempt < COMPLETE_ATTEMPTS => {
-                    tracing::warn!(target: "tower_idempotency", key = %key, error = %err, attempt, "saving the response failed; retrying");
+                    tracing::warn!(target: "tower_idempotency", key = %key, error = %crate::observe::Chain(&err), attempt, "saving the response failed; retrying");
                     tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
                     attempt += 1;
                 }

@@ -79,6 +79,22 @@ pub(crate) fn record(outcome: Outcome, detail: &dyn std::fmt::Display) {
     metrics::counter!("idempotency_requests_total", "outcome" => name).increment(1);
 }
 
+/// An error and its sources, `a: b: c`, for log lines (a store error's own text says only what
+/// kind of failure it was; the cause is in its source).
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(err) = source {
+            write!(f, ": {err}")?;
+            source = err.source();
+        }
+        Ok(())
+    }
+}
+
 /// Count one lease renewal.
 pub(crate) fn renewed() {
     #[cfg(feature = "metrics")]
@@ -97,5 +113,21 @@ struct ShortKey<'a>(&'a KeyHash);
 impl std::fmt::Display for ShortKey<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&crate::key::hex(&self.0 .0[..8]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{StoreError, StoreErrorKind};
+
+    #[test]
+    fn log_lines_carry_the_cause_of_a_store_error() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let err = StoreError::new(StoreErrorKind::Unavailable, io);
+        assert_eq!(
+            Chain(&err).to_string(),
+            "idempotency store unavailable: connection refused"
+        );
     }
 }

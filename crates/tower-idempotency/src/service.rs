@@ -297,7 +297,8 @@ where
                 observe::record(
                     Outcome::FailOpen,
                     &format_args!(
-                        "store failed ({err}); calling the handler without idempotency (fail-open)"
+                        "store failed ({}); calling the handler without idempotency (fail-open)",
+                        observe::Chain(&err)
                     ),
                 );
                 pass_through(inner, Request::from_parts(parts, ReqBody::from(bytes))).await
@@ -305,7 +306,7 @@ where
             Err(err) => {
                 observe::record(
                     Outcome::StoreError,
-                    &format_args!("store failed: {err}; answering 503"),
+                    &format_args!("store failed: {}; answering 503", observe::Chain(&err)),
                 );
                 Ok(reject(Rejection::StoreUnavailable {
                     retry_after: STORE_RETRY_AFTER,
@@ -497,7 +498,7 @@ impl<St: Store> Attempt<St> {
                 &"the lease was taken over before the answer was saved; the answer is sent but not saved",
             ),
             Err(err) if M::TRANSACTIONAL => {
-                observe::record(Outcome::StoreError, &format_args!("committing the transaction failed: {err}; the work was rolled back: 503"));
+                observe::record(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: 503", observe::Chain(&err)));
                 self.release("the commit failed").await;
                 return Ok(reject(Rejection::StoreUnavailable {
                     retry_after: STORE_RETRY_AFTER,
@@ -505,7 +506,7 @@ impl<St: Store> Attempt<St> {
             }
             Err(err) => observe::record(
                 Outcome::StoreError,
-                &format_args!("saving the answer failed: {err}; the answer is sent but not saved, and a retry after the lease runs the handler again"),
+                &format_args!("saving the answer failed: {}; the answer is sent but not saved, and a retry after the lease runs the handler again", observe::Chain(&err)),
             ),
         }
         Ok(Response::from_parts(parts, ResponseBody::full(body)))
@@ -533,7 +534,10 @@ impl<St: Store> Attempt<St> {
                 }
                 Err(err) => observe::record(
                     Outcome::StoreError,
-                    &format_args!("renewing the lease failed: {err}; trying again next beat"),
+                    &format_args!(
+                        "renewing the lease failed: {}; trying again next beat",
+                        observe::Chain(&err)
+                    ),
                 ),
             }
         }
@@ -551,7 +555,8 @@ impl<St: Store> Attempt<St> {
             Err(err) => observe::record(
                 Outcome::StoreError,
                 &format_args!(
-                    "releasing the key failed ({why}): {err}; it frees when the lease lapses"
+                    "releasing the key failed ({why}): {}; it frees when the lease lapses",
+                    observe::Chain(&err)
                 ),
             ),
         }

@@ -113,7 +113,7 @@ async fn sweep_backlog<St: Store>(store: &St, batch: u32) -> u64 {
                 tokio::task::yield_now().await;
             }
             Err(err) => {
-                tracing::warn!(target: "tower_idempotency", error = %err, "sweeping expired idempotency records failed; trying again next tick");
+                tracing::warn!(target: "tower_idempotency", error = %crate::observe::Chain(&err), "sweeping expired idempotency records failed; trying again next tick");
                 return total;
             }
         }
