@@ -1,4 +1,4 @@
-//! Run with: cargo run --release -p tower-idempotency-bench -- [--store postgres|memory|redis|all] [--seconds N] [--concurrency N]
+//! Run with: cargo run --release -p tower-idempotency-bench -- [--store postgres|sqlite|memory|redis|all] [--seconds N] [--concurrency N]
 //!
 //! Throughput and latency of one handler served with and without the idempotency layer.
 //!
@@ -18,7 +18,8 @@
 //! Stores: `memory` and `redis` guard an in-memory handler (a push into a `Mutex<Vec>`);
 //! `postgres` guards a handler that INSERTs a row through the same pool, in transactional mode
 //! (the INSERT in the idempotency transaction) and in standard mode (the INSERT on the pool, as
-//! in the bare handler). `DATABASE_URL` and `REDIS_URL` are read from the environment; the
+//! in the bare handler); `sqlite` does the same on a fresh SQLite file (WAL) in the temp dir,
+//! removed afterwards. `DATABASE_URL` and `REDIS_URL` are read from the environment; the
 //! PostgreSQL runs use their own database, `tower_idempotency_bench`, created if missing.
 //!
 //! Options (the first three also as env: `BENCH_STORE`, `BENCH_SECONDS`, `BENCH_CONCURRENCY`):
@@ -44,9 +45,13 @@ use axum::{
 };
 use hdrhistogram::Histogram;
 use serde::Deserialize;
-use sqlx::{postgres::PgPoolOptions, Connection, Executor, PgPool, Postgres};
+use sqlx::{
+    postgres::PgPoolOptions,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
+    Connection, Executor, PgPool, Postgres, Sqlite, SqlitePool,
+};
 use tower_idempotency::{
-    store::{postgres::PostgresStore, redis::RedisStore},
+    store::{postgres::PostgresStore, redis::RedisStore, sqlite::SqliteStore},
     Idempotency, IdempotencyTransaction,
 };
 
@@ -67,6 +72,7 @@ enum StoreKind {
     Memory,
     Redis,
     Postgres,
+    Sqlite,
 }
 
 #[derive(Debug, Clone)]
@@ -78,7 +84,7 @@ struct Args {
     rounds: u32,
 }
 
-const USAGE: &str = "usage: tower-idempotency-bench [--store postgres|memory|redis|all] [--seconds N] [--concurrency N] [--keys N] [--rounds N]";
+const USAGE: &str = "usage: tower-idempotency-bench [--store postgres|sqlite|memory|redis|all] [--seconds N] [--concurrency N] [--keys N] [--rounds N]";
 
 impl Args {
     fn parse() -> Result<Self, String> {
@@ -110,10 +116,16 @@ impl Args {
             };
         }
         let stores = match store.as_str() {
-            "all" => vec![StoreKind::Memory, StoreKind::Redis, StoreKind::Postgres],
+            "all" => vec![
+                StoreKind::Memory,
+                StoreKind::Redis,
+                StoreKind::Postgres,
+                StoreKind::Sqlite,
+            ],
             "memory" => vec![StoreKind::Memory],
             "redis" => vec![StoreKind::Redis],
             "postgres" => vec![StoreKind::Postgres],
+            "sqlite" => vec![StoreKind::Sqlite],
             other => return Err(format!("unknown store {other:?}\n{USAGE}")),
         };
         let seconds: f64 = seconds
@@ -220,6 +232,47 @@ async fn pg_create_tx(tx: IdempotencyTransaction<Postgres>, body: Bytes) -> Resp
         Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
     };
     match sqlx::query_scalar::<_, i64>(INSERT)
+        .bind(&order.customer_id)
+        .bind(order.total_cents)
+        .fetch_one(&mut **tx)
+        .await
+    {
+        Ok(id) => created(id, &order),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+const SQLITE_INSERT: &str =
+    "INSERT INTO bench_orders (customer_id, total_cents) VALUES (?1, ?2) RETURNING id";
+
+/// The SQLite handler: parse, INSERT on the pool, answer 201 (bare and standard mode).
+async fn sqlite_create(State(pool): State<SqlitePool>, body: Bytes) -> Response {
+    let order = match parse(&body) {
+        Ok(o) => o,
+        Err(status) => return status.into_response(),
+    };
+    match sqlx::query_scalar::<_, i64>(SQLITE_INSERT)
+        .bind(&order.customer_id)
+        .bind(order.total_cents)
+        .fetch_one(&pool)
+        .await
+    {
+        Ok(id) => created(id, &order),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+/// The SQLite handler in transactional mode: the INSERT goes into the idempotency transaction.
+async fn sqlite_create_tx(tx: IdempotencyTransaction<Sqlite>, body: Bytes) -> Response {
+    let order = match parse(&body) {
+        Ok(o) => o,
+        Err(status) => return status.into_response(),
+    };
+    let mut tx = match tx.begin().await {
+        Ok(tx) => tx,
+        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    };
+    match sqlx::query_scalar::<_, i64>(SQLITE_INSERT)
         .bind(&order.customer_id)
         .bind(order.total_cents)
         .fetch_one(&mut **tx)
@@ -658,6 +711,43 @@ impl Bench {
         Ok(())
     }
 
+    async fn sqlite(&mut self) -> Result<(), BoxError> {
+        let (pool, path) = bench_sqlite_file().await?;
+        let bare = serve(
+            Router::new()
+                .route("/orders", post(sqlite_create))
+                .with_state(pool.clone()),
+        )
+        .await?;
+        let transactional = serve(
+            Router::new()
+                .route("/orders", post(sqlite_create_tx))
+                .route_layer(
+                    Idempotency::sqlite(pool.clone())
+                        .with_ttl(RECORD_TTL)
+                        .transactional(),
+                ),
+        )
+        .await?;
+        let standard = serve(
+            Router::new()
+                .route("/orders", post(sqlite_create))
+                .route_layer(Idempotency::sqlite(pool.clone()).with_ttl(RECORD_TTL))
+                .with_state(pool.clone()),
+        )
+        .await?;
+        let mut scenarios = self
+            .scenarios("sqlite (transactional)", Some(&bare), &transactional)
+            .await?;
+        scenarios.extend(self.scenarios("sqlite (standard)", None, &standard).await?);
+        self.group(scenarios).await;
+        pool.close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        Ok(())
+    }
+
     fn table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
@@ -690,6 +780,35 @@ impl Bench {
 
 fn ms(micros: u64) -> String {
     format!("{:.2} ms", micros as f64 / 1000.0)
+}
+
+/// A pool on a fresh SQLite file in the temp dir (WAL, `synchronous = NORMAL`, the usual
+/// settings for a server on SQLite), migrated, with the `bench_orders` table; and its path.
+async fn bench_sqlite_file() -> Result<(SqlitePool, std::path::PathBuf), BoxError> {
+    let path = std::env::temp_dir().join(format!(
+        "tower-idempotency-bench-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let opts = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(10));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(opts)
+        .await?;
+    SqliteStore::new(pool.clone()).migrate().await?;
+    pool.execute(
+        "CREATE TABLE IF NOT EXISTS bench_orders (
+            id          INTEGER PRIMARY KEY,
+            customer_id TEXT    NOT NULL,
+            total_cents INTEGER NOT NULL
+        )",
+    )
+    .await?;
+    Ok((pool, path))
 }
 
 /// A pool on [`BENCH_DATABASE`] (created if missing), migrated, with the `bench_orders` table.
@@ -767,6 +886,7 @@ async fn main() -> ExitCode {
             StoreKind::Memory => bench.memory().await,
             StoreKind::Redis => bench.redis().await,
             StoreKind::Postgres => bench.postgres().await,
+            StoreKind::Sqlite => bench.sqlite().await,
         };
         if let Err(err) = result {
             eprintln!("error: {store:?} bench failed: {err}");
