@@ -201,87 +201,65 @@ async fn memory_create(State(orders): State<Orders>, body: Bytes) -> Response {
     response
 }
 
-const INSERT: &str =
-    "INSERT INTO bench_orders (customer_id, total_cents) VALUES ($1, $2) RETURNING id";
+/// The database handlers: parse, INSERT, answer 201. `$on_pool` runs the INSERT on the pool
+/// (the bare handler, and standard mode); `$in_tx` runs it in the idempotency transaction
+/// (transactional mode). One definition per database, so both databases run the same handler.
+macro_rules! insert_handlers {
+    ($db:ty, $pool:ty, $insert:literal, $on_pool:ident, $in_tx:ident) => {
+        async fn $on_pool(State(pool): State<$pool>, body: Bytes) -> Response {
+            let order = match parse(&body) {
+                Ok(o) => o,
+                Err(status) => return status.into_response(),
+            };
+            let id = sqlx::query_scalar::<_, i64>($insert)
+                .bind(&order.customer_id)
+                .bind(order.total_cents)
+                .fetch_one(&pool)
+                .await;
+            inserted(id, &order)
+        }
 
-/// The PostgreSQL handler: parse, INSERT on the pool, answer 201 (bare and standard mode).
-async fn pg_create(State(pool): State<PgPool>, body: Bytes) -> Response {
-    let order = match parse(&body) {
-        Ok(o) => o,
-        Err(status) => return status.into_response(),
+        async fn $in_tx(tx: IdempotencyTransaction<$db>, body: Bytes) -> Response {
+            let order = match parse(&body) {
+                Ok(o) => o,
+                Err(status) => return status.into_response(),
+            };
+            let mut tx = match tx.begin().await {
+                Ok(tx) => tx,
+                Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+            };
+            let id = sqlx::query_scalar::<_, i64>($insert)
+                .bind(&order.customer_id)
+                .bind(order.total_cents)
+                .fetch_one(&mut **tx)
+                .await;
+            inserted(id, &order)
+        }
     };
-    match sqlx::query_scalar::<_, i64>(INSERT)
-        .bind(&order.customer_id)
-        .bind(order.total_cents)
-        .fetch_one(&pool)
-        .await
-    {
-        Ok(id) => created(id, &order),
+}
+
+/// 201 with the order, or 503 when the INSERT failed.
+fn inserted(id: Result<i64, sqlx::Error>, order: &NewOrder) -> Response {
+    match id {
+        Ok(id) => created(id, order),
         Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }
 }
 
-/// The same handler in transactional mode: the INSERT goes into the idempotency transaction.
-async fn pg_create_tx(tx: IdempotencyTransaction<Postgres>, body: Bytes) -> Response {
-    let order = match parse(&body) {
-        Ok(o) => o,
-        Err(status) => return status.into_response(),
-    };
-    let mut tx = match tx.begin().await {
-        Ok(tx) => tx,
-        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
-    };
-    match sqlx::query_scalar::<_, i64>(INSERT)
-        .bind(&order.customer_id)
-        .bind(order.total_cents)
-        .fetch_one(&mut **tx)
-        .await
-    {
-        Ok(id) => created(id, &order),
-        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
-    }
-}
-
-const SQLITE_INSERT: &str =
-    "INSERT INTO bench_orders (customer_id, total_cents) VALUES (?1, ?2) RETURNING id";
-
-/// The SQLite handler: parse, INSERT on the pool, answer 201 (bare and standard mode).
-async fn sqlite_create(State(pool): State<SqlitePool>, body: Bytes) -> Response {
-    let order = match parse(&body) {
-        Ok(o) => o,
-        Err(status) => return status.into_response(),
-    };
-    match sqlx::query_scalar::<_, i64>(SQLITE_INSERT)
-        .bind(&order.customer_id)
-        .bind(order.total_cents)
-        .fetch_one(&pool)
-        .await
-    {
-        Ok(id) => created(id, &order),
-        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
-    }
-}
-
-/// The SQLite handler in transactional mode: the INSERT goes into the idempotency transaction.
-async fn sqlite_create_tx(tx: IdempotencyTransaction<Sqlite>, body: Bytes) -> Response {
-    let order = match parse(&body) {
-        Ok(o) => o,
-        Err(status) => return status.into_response(),
-    };
-    let mut tx = match tx.begin().await {
-        Ok(tx) => tx,
-        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
-    };
-    match sqlx::query_scalar::<_, i64>(SQLITE_INSERT)
-        .bind(&order.customer_id)
-        .bind(order.total_cents)
-        .fetch_one(&mut **tx)
-        .await
-    {
-        Ok(id) => created(id, &order),
-        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
-    }
-}
+insert_handlers!(
+    Postgres,
+    PgPool,
+    "INSERT INTO bench_orders (customer_id, total_cents) VALUES ($1, $2) RETURNING id",
+    pg_create,
+    pg_create_tx
+);
+insert_handlers!(
+    Sqlite,
+    SqlitePool,
+    "INSERT INTO bench_orders (customer_id, total_cents) VALUES (?1, ?2) RETURNING id",
+    sqlite_create,
+    sqlite_create_tx
+);
 
 /// Serve `app` on 127.0.0.1 (a free port, `TCP_NODELAY`); the base URL.
 async fn serve(app: Router) -> Result<String, BoxError> {
