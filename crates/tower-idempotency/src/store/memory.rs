@@ -76,22 +76,23 @@ impl MemoryStore {
         &self,
         key: &KeyHash,
         token: FencingToken,
-        write: impl FnOnce(&mut HashMap<KeyHash, Record>, Instant) -> bool,
+        write: impl FnOnce(&mut HashMap<KeyHash, Record>) -> bool,
     ) -> Fenced {
         let now = Instant::now();
         let mut shard = self.shard(key);
-        let held = shard.get(key).is_some_and(|r| {
-            r.token == token && r.expires_at > now && matches!(r.state, State::Running { .. })
-        });
-        if !held {
-            return Fenced::Lost;
-        }
-        let changed = shard.get(key).map(|r| r.changed.clone());
-        let applied = write(&mut shard, now);
+        let changed = match shard.get(key) {
+            Some(r)
+                if r.token == token
+                    && r.expires_at > now
+                    && matches!(r.state, State::Running { .. }) =>
+            {
+                r.changed.clone()
+            }
+            _ => return Fenced::Lost,
+        };
+        let applied = write(&mut shard);
         drop(shard);
-        if let Some(changed) = changed {
-            changed.notify_waiters();
-        }
+        changed.notify_waiters();
         Fenced::from_rows(applied as u64)
     }
 }
@@ -175,7 +176,7 @@ impl Store for MemoryStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        Ok(self.fenced(key, token, |shard, _| {
+        Ok(self.fenced(key, token, |shard| {
             shard
                 .get_mut(key)
                 .map(|r| r.state = State::Done(response.clone()))
@@ -184,7 +185,7 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        Ok(self.fenced(key, token, |shard, _| shard.remove(key).is_some()))
+        Ok(self.fenced(key, token, |shard| shard.remove(key).is_some()))
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
