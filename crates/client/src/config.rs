@@ -329,8 +329,7 @@ mod tests {
                 ConfigError::ZeroAttempts,
             ),
             (
-                RetryConfig::default()
-                    .with_backoff(Duration::from_secs(2), Duration::from_secs(1)),
+                RetryConfig::default().with_backoff(Duration::from_secs(2), Duration::from_secs(1)),
                 ConfigError::BackoffBaseAboveMax {
                     base: Duration::from_secs(2),
                     max: Duration::from_secs(1),

@@ -66,10 +66,11 @@ impl Middleware for IdempotentRetryMiddleware {
             let timeout = intent.begin_attempt();
             let this = match request.as_ref().and_then(Request::try_clone) {
                 Some(copy) => copy,
-                None => request.take().expect("a body that cannot be cloned is sent once"),
+                None => request
+                    .take()
+                    .expect("a body that cannot be cloned is sent once"),
             };
-            let result =
-                tokio::time::timeout(timeout, next.clone().run(this, extensions)).await;
+            let result = tokio::time::timeout(timeout, next.clone().run(this, extensions)).await;
             let outcome = match &result {
                 Ok(Ok(response)) => Outcome::answer(response.status(), response.headers()),
                 Ok(Err(reqwest_middleware::Error::Reqwest(err)))

@@ -89,12 +89,10 @@ where
     type Future = ResponseFuture<ResBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner
-            .poll_ready(cx)
-            .map_err(|err| Error::Transport {
-                attempts: 0,
-                source: err.into(),
-            })
+        self.inner.poll_ready(cx).map_err(|err| Error::Transport {
+            attempts: 0,
+            source: err.into(),
+        })
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {

@@ -374,7 +374,13 @@ With idempotency keys (a retry replays the first answer)
         assert!((estimate.money_at_risk_per_month - 93_750.0).abs() < 1e-6);
         assert!((estimate.store_bytes - 17.5e9).abs() < 1.0);
         let text = report(&inputs, &estimate);
-        assert!(text.contains("about 18 GB (7,000,000 records of 2.5 KB)"), "{text}");
-        assert!(text.contains("keys kept for                   7d"), "{text}");
+        assert!(
+            text.contains("about 18 GB (7,000,000 records of 2.5 KB)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("keys kept for                   7d"),
+            "{text}"
+        );
     }
 }

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use calculator::{estimate, parse_dollars, parse_duration, parse_share, parse_size, report, Inputs};
+use calculator::{
+    estimate, parse_dollars, parse_duration, parse_share, parse_size, report, Inputs,
+};
 use clap::Parser;
 
 /// What lost answers cost without idempotency keys, and what the key store costs with them.

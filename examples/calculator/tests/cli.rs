@@ -42,9 +42,18 @@ fn flags_change_the_numbers() {
     ]);
     assert!(output.status.success());
     let text = String::from_utf8(output.stdout).unwrap();
-    assert!(text.contains("duplicate orders per day        500\n"), "{text}");
-    assert!(text.contains("money at risk per month         $375,000\n"), "{text}");
-    assert!(text.contains("about 400 MB (200,000 records of 2 KB)"), "{text}");
+    assert!(
+        text.contains("duplicate orders per day        500\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("money at risk per month         $375,000\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("about 400 MB (200,000 records of 2 KB)"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -169,11 +169,8 @@ pub async fn unavailable_is_retried_up_to_max_attempts<C: TestClient>() {
 }
 
 pub async fn a_timeout_is_retried_with_the_same_key<C: TestClient>() {
-    let server = Scripted::start(
-        &[Answer::Hang(Duration::from_secs(5))],
-        Answer::Status(201),
-    )
-    .await;
+    let server =
+        Scripted::start(&[Answer::Hang(Duration::from_secs(5))], Answer::Status(201)).await;
     let (client, _) = client::<C>(fast().with_attempt_timeout(Duration::from_millis(200)));
     let answered = client.post(&server.url(), None).await.unwrap();
     assert_eq!(answered.status, 201);
@@ -191,8 +188,7 @@ pub async fn a_connect_error_is_retried<C: TestClient>() {
     *probe.after_first_error.lock().unwrap() = Some(Box::new(move || {
         Box::pin(async move {
             let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-            *slot.lock().unwrap() =
-                Some(Scripted::serve(listener, &[], Answer::Status(201)));
+            *slot.lock().unwrap() = Some(Scripted::serve(listener, &[], Answer::Status(201)));
         })
     }));
     let answered = client
