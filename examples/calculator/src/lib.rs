@@ -186,11 +186,11 @@ fn percent(share: f64) -> String {
 
 fn duration(d: Duration) -> String {
     let secs = d.as_secs();
-    if secs % 86_400 == 0 && secs >= 7 * 86_400 {
+    if secs.is_multiple_of(86_400) && secs >= 7 * 86_400 {
         format!("{}d", secs / 86_400)
-    } else if secs % 3600 == 0 {
+    } else if secs.is_multiple_of(3600) {
         format!("{}h", secs / 3600)
-    } else if secs % 60 == 0 {
+    } else if secs.is_multiple_of(60) {
         format!("{}m", secs / 60)
     } else {
         format!("{secs}s")
@@ -217,7 +217,7 @@ fn group(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

@@ -76,15 +76,8 @@ pub async fn run(settings: Settings) -> Result<Report, BoxError> {
     let api = listener.local_addr()?;
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let naive = drive("naive", api, &settings, |base| NaiveClient::new(base), &db).await;
-    let idempotent = drive(
-        "idempotent",
-        api,
-        &settings,
-        |base| IdempotentClient::new(base),
-        &db,
-    )
-    .await;
+    let naive = drive("naive", api, &settings, NaiveClient::new, &db).await;
+    let idempotent = drive("idempotent", api, &settings, IdempotentClient::new, &db).await;
     server.abort();
     db.close().await;
     Ok(Report {
