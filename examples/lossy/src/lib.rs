@@ -9,6 +9,12 @@
 //! for a share of requests it lets the server do the work and then closes the connection
 //! instead of answering. Each client places the same number of orders, each order (intent) with
 //! its own `customerId`, so the orders in the database minus the intents are the duplicates.
+//!
+//! A seed gives the same figures on every run, whatever the concurrency: the proxy draws once per
+//! answered request, and every intent sends until one answer is kept, so a client sends exactly
+//! as many requests as it takes the seeded stream to keep `orders` answers. Both clients face the
+//! same stream (each has its own proxy with the same seed), hence the same lost answers; only
+//! what a lost answer costs differs. The expected value and spread are in [`stats`].
 
 pub mod clients;
 pub mod proxy;
