@@ -1,10 +1,14 @@
-//! Shared helpers for the integration tests: fresh databases, Redis prefixes, a test server.
+//! Shared helpers for the integration tests: fresh databases, Redis prefixes, a test server,
+//! the store contract suite ([`contract`]) and the behaviour suite ([`suite`]).
 //!
 //! URLs are read at run time. A missing variable fails the test with the variable's name: the
 //! database tests never skip themselves.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub mod contract;
+pub mod records;
+pub mod stores;
 pub mod suite;
 
 /// `DATABASE_URL`, the PostgreSQL server the tests create their databases on.
