@@ -26,7 +26,9 @@ pub async fn a_lapsed_lease_is_taken_over_and_fences_the_old_holder<S: Store>(st
         assert_eq!(store.claim(claim).await.unwrap(), claimed(false));
     }
     let started = Instant::now(); // every lease counts from before this
-    assert!(is_in_flight(&store.claim(&retry_of(&old[0])).await.unwrap()));
+    assert!(is_in_flight(
+        &store.claim(&retry_of(&old[0])).await.unwrap()
+    ));
 
     until(started + lease + MARGIN).await;
     for (n, old) in old.iter().enumerate() {
@@ -94,7 +96,10 @@ pub async fn a_takeover_keeps_the_original_expiry<S: Store>(store: S) {
     let new = claim_of(first.key, "a", LONG, DAY);
     assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
     assert_eq!(
-        store.complete(&new.key, new.token, &response()).await.unwrap(),
+        store
+            .complete(&new.key, new.token, &response())
+            .await
+            .unwrap(),
         Fenced::Applied
     );
     assert!(is_done(&store.claim(&retry_of(&first)).await.unwrap()));
@@ -129,7 +134,10 @@ pub async fn renew_extends_the_lease<S: Store>(store: S) {
     // Past the first lease (300 ms), well within the renewed one (450 ms and more).
     until(started + Duration::from_millis(350)).await;
     let outcome = store.claim(&retry_of(&claim)).await.unwrap();
-    assert!(is_in_flight(&outcome), "renewed lease still held: {outcome:?}");
+    assert!(
+        is_in_flight(&outcome),
+        "renewed lease still held: {outcome:?}"
+    );
 
     // A long renewal shows in the lease left.
     assert_eq!(

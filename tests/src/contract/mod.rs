@@ -263,6 +263,9 @@ mod tests {
             defined, listed,
             "every contract test in src/contract/ must be in the list of store_contract_tests!"
         );
-        assert!(defined.len() >= 10, "the scan found the contract: {defined:?}");
+        assert!(
+            defined.len() >= 10,
+            "the scan found the contract: {defined:?}"
+        );
     }
 }

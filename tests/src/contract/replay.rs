@@ -34,7 +34,13 @@ pub async fn complete_then_claim_replays_the_response<S: Store>(store: S) {
     let names: Vec<_> = replayed.headers.keys().map(|n| n.as_str()).collect();
     assert_eq!(
         names,
-        ["content-type", "x-multi", "set-cookie", "x-bytes", "location"],
+        [
+            "content-type",
+            "x-multi",
+            "set-cookie",
+            "x-bytes",
+            "location"
+        ],
         "header order is kept"
     );
     assert_eq!(replayed.headers["x-bytes"].as_bytes(), b"caf\xe9");
