@@ -228,7 +228,7 @@ pub async fn race<S: Store>(store: &std::sync::Arc<S>, claims: Vec<Claim>) -> Ve
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeSet;
 
     /// The names of the `pub async fn`s in the `.rs` files of `dir` (relative to the crate).
