@@ -34,12 +34,10 @@ pub fn unique_name(prefix: &str) -> String {
     )
 }
 
-/// A pool on a freshly created PostgreSQL database of its own.
-///
-/// `#[sqlx::test]` runs on a current-thread runtime; the concurrency tests need a multi-thread
-/// runtime and their own database, which this gives them.
-pub async fn fresh_postgres_pool(max_connections: u32) -> sqlx::PgPool {
-    use sqlx::{postgres::PgPoolOptions, Connection, Executor};
+/// The connect options of a freshly created PostgreSQL database of its own, on the server at
+/// `DATABASE_URL`.
+pub async fn fresh_postgres_database() -> sqlx::postgres::PgConnectOptions {
+    use sqlx::{Connection, Executor};
     let url = postgres_url();
     let db = unique_name("tidem");
     let mut admin = sqlx::PgConnection::connect(&url)
@@ -49,11 +47,18 @@ pub async fn fresh_postgres_pool(max_connections: u32) -> sqlx::PgPool {
         .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{db}""#)))
         .await
         .expect("create test database");
-    let mut opts: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    opts = opts.database(&db);
-    PgPoolOptions::new()
+    let opts: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
+    opts.database(&db)
+}
+
+/// A pool on a freshly created PostgreSQL database of its own.
+///
+/// `#[sqlx::test]` runs on a current-thread runtime; the concurrency tests need a multi-thread
+/// runtime and their own database, which this gives them.
+pub async fn fresh_postgres_pool(max_connections: u32) -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
         .max_connections(max_connections)
-        .connect_with(opts)
+        .connect_with(fresh_postgres_database().await)
         .await
         .expect("connect to the fresh test database")
 }

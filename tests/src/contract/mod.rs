@@ -231,7 +231,8 @@ pub async fn race<S: Store>(store: &std::sync::Arc<S>, claims: Vec<Claim>) -> Ve
 pub(crate) mod tests {
     use std::collections::BTreeSet;
 
-    /// The names of the `pub async fn`s in the `.rs` files of `dir` (relative to the crate).
+    /// The names of the top-level `pub async fn`s in the `.rs` files of `dir` (relative to the
+    /// crate), except the files in `skip`.
     pub(crate) fn public_async_fns(dir: &str, skip: &[&str]) -> BTreeSet<String> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
         let mut names = BTreeSet::new();
@@ -243,7 +244,7 @@ pub(crate) mod tests {
             }
             let source = std::fs::read_to_string(&path).unwrap();
             for line in source.lines() {
-                if let Some(rest) = line.trim_start().strip_prefix("pub async fn ") {
+                if let Some(rest) = line.strip_prefix("pub async fn ") {
                     let end = rest.find(['<', '(']).expect("a function signature");
                     names.insert(rest[..end].to_owned());
                 }
