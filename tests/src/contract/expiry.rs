@@ -17,7 +17,7 @@ use super::{
 /// record of its own, with a fresh expiry), the first request is now the mismatch, and the old
 /// holder's token is dead.
 pub async fn an_expired_record_can_be_claimed_by_another_request<S: Store>(store: S) {
-    let ttl = Duration::from_millis(200);
+    let ttl = Duration::from_millis(400);
     let first = claim_of(random_key(), "first", LONG, ttl);
     assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
     let started = Instant::now(); // the expiry counts from before this
