@@ -147,7 +147,11 @@ where
 /// Delete one batch of at most `batch` events processed more than `older_than` ago.
 ///
 /// Returns how many rows it deleted. [`sweep`] calls it until the old rows are gone.
-pub async fn sweep_batch(pool: &PgPool, older_than: Duration, batch: u32) -> Result<u64, sqlx::Error> {
+pub async fn sweep_batch(
+    pool: &PgPool,
+    older_than: Duration,
+    batch: u32,
+) -> Result<u64, sqlx::Error> {
     let done = sqlx::query(SWEEP)
         .bind(millis(older_than))
         .bind(i64::from(batch))

@@ -51,7 +51,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use sqlx::{
     migrate::{MigrateError, Migration, MigrationType, Migrator},
-    Sqlite, SqlitePool, SqlSafeStr, Transaction,
+    SqlSafeStr, Sqlite, SqlitePool, Transaction,
 };
 
 use crate::{Error, Outcome};
@@ -199,7 +199,11 @@ pub async fn sweep_batch(
 /// batches and deliveries are not held up for long. Returns the total deleted. Keep `older_than`
 /// longer than the provider's redelivery window: a redelivery after its row was swept runs the
 /// work again.
-pub async fn sweep(pool: &SqlitePool, older_than: Duration, batch: u32) -> Result<u64, sqlx::Error> {
+pub async fn sweep(
+    pool: &SqlitePool,
+    older_than: Duration,
+    batch: u32,
+) -> Result<u64, sqlx::Error> {
     let batch = batch.max(1);
     let mut total = 0;
     loop {

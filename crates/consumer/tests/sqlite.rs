@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use common::{fresh_sqlite, sqlite_pool, run_child_and_kill_it, signal_ready_and_hang};
+use common::{fresh_sqlite, run_child_and_kill_it, signal_ready_and_hang, sqlite_pool};
 use futures_util::future::BoxFuture;
 use sqlx::{Sqlite, SqlitePool, Transaction};
 use tokio::sync::{oneshot, Barrier};
@@ -19,7 +19,9 @@ use tower_idempotency_consumer::{sqlite, Error, Outcome};
 const CONSUMER: &str = "ledger";
 
 type Work = Box<
-    dyn for<'c> FnOnce(&'c mut Transaction<'static, Sqlite>) -> BoxFuture<'c, Result<i32, sqlx::Error>>
+    dyn for<'c> FnOnce(
+            &'c mut Transaction<'static, Sqlite>,
+        ) -> BoxFuture<'c, Result<i32, sqlx::Error>>
         + Send,
 >;
 
@@ -46,12 +48,14 @@ async fn effects(pool: &SqlitePool, event_id: &str) -> Vec<i32> {
 }
 
 async fn processed_rows(pool: &SqlitePool, event_id: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM processed_events WHERE consumer = $1 AND event_id = $2")
-        .bind(CONSUMER)
-        .bind(event_id)
-        .fetch_one(pool)
-        .await
-        .expect("count processed_events")
+    sqlx::query_scalar(
+        "SELECT count(*) FROM processed_events WHERE consumer = $1 AND event_id = $2",
+    )
+    .bind(CONSUMER)
+    .bind(event_id)
+    .fetch_one(pool)
+    .await
+    .expect("count processed_events")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -101,7 +105,11 @@ async fn a_failed_work_rolls_back_and_the_redelivery_runs_it_once() {
     })
     .await;
     assert!(matches!(failed, Err(Error::Work(_))), "{failed:?}");
-    assert_eq!(effects(&pool, "evt_1").await, Vec::<i32>::new(), "the failed work's write is gone");
+    assert_eq!(
+        effects(&pool, "evt_1").await,
+        Vec::<i32>::new(),
+        "the failed work's write is gone"
+    );
     assert_eq!(processed_rows(&pool, "evt_1").await, 0);
 
     let retried = sqlite::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await;
@@ -141,7 +149,10 @@ async fn a_panic_rolls_back_and_the_redelivery_runs_it_once() {
 async fn overlapping_deliveries(
     pool: &SqlitePool,
     commit: bool,
-) -> (Result<Outcome<i32>, Error<sqlx::Error>>, Result<Outcome<i32>, Error<sqlx::Error>>) {
+) -> (
+    Result<Outcome<i32>, Error<sqlx::Error>>,
+    Result<Outcome<i32>, Error<sqlx::Error>>,
+) {
     let (started_tx, started_rx) = oneshot::channel();
     let (go_tx, go_rx) = oneshot::channel::<()>();
     let first = tokio::spawn({
@@ -155,20 +166,27 @@ async fn overlapping_deliveries(
                     if commit {
                         Ok(1)
                     } else {
-                        Err(sqlx::Error::Protocol("failed after the second arrived".into()))
+                        Err(sqlx::Error::Protocol(
+                            "failed after the second arrived".into(),
+                        ))
                     }
                 })
             })
             .await
         }
     });
-    started_rx.await.expect("the first delivery started its work");
+    started_rx
+        .await
+        .expect("the first delivery started its work");
     let mut second = tokio::spawn({
         let pool = pool.clone();
         async move { sqlite::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await }
     });
     let early = tokio::time::timeout(Duration::from_millis(300), &mut second).await;
-    assert!(early.is_err(), "the second delivery must wait for the first: {early:?}");
+    assert!(
+        early.is_err(),
+        "the second delivery must wait for the first: {early:?}"
+    );
     go_tx.send(()).expect("the first delivery waits");
     let first = first.await.expect("no panic");
     let second = second.await.expect("no panic");
@@ -214,7 +232,11 @@ async fn a_crash_between_work_and_commit_leaves_nothing_and_the_redelivery_runs_
         &url,
     )
     .await;
-    assert_eq!(effects(&pool, "evt_1").await, Vec::<i32>::new(), "the killed work did not commit");
+    assert_eq!(
+        effects(&pool, "evt_1").await,
+        Vec::<i32>::new(),
+        "the killed work did not commit"
+    );
     assert_eq!(processed_rows(&pool, "evt_1").await, 0);
 
     let retried = sqlite::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await;
@@ -256,7 +278,10 @@ async fn sweep_deletes_only_old_rows_in_batches() {
     }
     let day = Duration::from_secs(24 * 60 * 60);
 
-    assert_eq!(sqlite::sweep_batch(&pool, day, 4).await.expect("one batch"), 4);
+    assert_eq!(
+        sqlite::sweep_batch(&pool, day, 4).await.expect("one batch"),
+        4
+    );
     assert_eq!(sqlite::sweep(&pool, day, 4).await.expect("the rest"), 6);
     assert_eq!(sqlite::sweep(&pool, day, 4).await.expect("nothing left"), 0);
 
@@ -267,8 +292,7 @@ async fn sweep_deletes_only_old_rows_in_batches() {
             .expect("remaining rows");
     assert_eq!(left, ["new_0", "new_1", "new_2"]);
     // A swept event is unknown again: its redelivery would run (the retention warning).
-    let redelivered =
-        sqlite::process_once(&pool, CONSUMER, "old_1", record("old_1", 1)).await;
+    let redelivered = sqlite::process_once(&pool, CONSUMER, "old_1", record("old_1", 1)).await;
     assert_eq!(redelivered.expect("after sweep"), Outcome::Processed(1));
 }
 
