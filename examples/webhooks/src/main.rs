@@ -49,9 +49,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|_| "WEBHOOK_SECRET is not set: export the secret shared with the sender")?;
     let mut config = Config::new(secret);
     if let Ok(seconds) = std::env::var("WEBHOOK_TOLERANCE_SECS") {
-        let seconds: u64 = seconds
-            .parse()
-            .map_err(|_| format!("WEBHOOK_TOLERANCE_SECS={seconds:?} is not a number of seconds"))?;
+        let seconds: u64 = seconds.parse().map_err(|_| {
+            format!("WEBHOOK_TOLERANCE_SECS={seconds:?} is not a number of seconds")
+        })?;
         config = config.with_tolerance(Duration::from_secs(seconds));
     }
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "sqlite://webhooks.db".into());

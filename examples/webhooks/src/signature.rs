@@ -132,7 +132,10 @@ mod tests {
     #[test]
     fn a_fresh_signature_verifies() {
         let header = sign(SECRET, T, BODY);
-        assert_eq!(verify(SECRET, Some(&header), BODY, at(T + 10), DEFAULT_TOLERANCE), Ok(()));
+        assert_eq!(
+            verify(SECRET, Some(&header), BODY, at(T + 10), DEFAULT_TOLERANCE),
+            Ok(())
+        );
     }
 
     #[test]
@@ -140,27 +143,51 @@ mod tests {
         let good = sign(SECRET, T, BODY);
         let v1 = good.split_once(",v1=").expect("v1").1;
         let header = format!("t={T},v1={},v0=abc,v1={v1}", "00".repeat(32));
-        assert_eq!(verify(SECRET, Some(&header), BODY, at(T), DEFAULT_TOLERANCE), Ok(()));
+        assert_eq!(
+            verify(SECRET, Some(&header), BODY, at(T), DEFAULT_TOLERANCE),
+            Ok(())
+        );
     }
 
     #[test]
     fn tampering_fails() {
         let header = sign(SECRET, T, BODY);
-        let other_body = verify(SECRET, Some(&header), br#"{"id":"evt_2"}"#, at(T), DEFAULT_TOLERANCE);
+        let other_body = verify(
+            SECRET,
+            Some(&header),
+            br#"{"id":"evt_2"}"#,
+            at(T),
+            DEFAULT_TOLERANCE,
+        );
         assert_eq!(other_body, Err(SignatureError::Mismatch));
         let moved = header.replace(&format!("t={T}"), &format!("t={}", T + 1));
-        assert_eq!(verify(SECRET, Some(&moved), BODY, at(T), DEFAULT_TOLERANCE), Err(SignatureError::Mismatch));
-        assert_eq!(verify(b"other", Some(&header), BODY, at(T), DEFAULT_TOLERANCE), Err(SignatureError::Mismatch));
+        assert_eq!(
+            verify(SECRET, Some(&moved), BODY, at(T), DEFAULT_TOLERANCE),
+            Err(SignatureError::Mismatch)
+        );
+        assert_eq!(
+            verify(b"other", Some(&header), BODY, at(T), DEFAULT_TOLERANCE),
+            Err(SignatureError::Mismatch)
+        );
     }
 
     #[test]
     fn old_and_future_timestamps_are_stale() {
         let header = sign(SECRET, T, BODY);
         let late = verify(SECRET, Some(&header), BODY, at(T + 301), DEFAULT_TOLERANCE);
-        assert_eq!(late, Err(SignatureError::Stale { age_secs: 301, tolerance_secs: 300 }));
+        assert_eq!(
+            late,
+            Err(SignatureError::Stale {
+                age_secs: 301,
+                tolerance_secs: 300
+            })
+        );
         let early = verify(SECRET, Some(&header), BODY, at(T - 301), DEFAULT_TOLERANCE);
         assert!(matches!(early, Err(SignatureError::Stale { .. })));
-        assert_eq!(verify(SECRET, Some(&header), BODY, at(T + 300), DEFAULT_TOLERANCE), Ok(()));
+        assert_eq!(
+            verify(SECRET, Some(&header), BODY, at(T + 300), DEFAULT_TOLERANCE),
+            Ok(())
+        );
     }
 
     #[test]
@@ -172,6 +199,9 @@ mod tests {
                 "{header:?}"
             );
         }
-        assert_eq!(verify(SECRET, None, BODY, at(T), DEFAULT_TOLERANCE), Err(SignatureError::Missing));
+        assert_eq!(
+            verify(SECRET, None, BODY, at(T), DEFAULT_TOLERANCE),
+            Err(SignatureError::Missing)
+        );
     }
 }
