@@ -5,16 +5,22 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 use std::{
-    path::Path,
     process::Stdio,
     sync::atomic::{AtomicU64, Ordering},
     time::Duration,
 };
 
+#[cfg(feature = "sqlx")]
+use sqlx::Executor;
+#[cfg(feature = "postgres")]
 use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
+    ConnectOptions, Connection, PgPool,
+};
+#[cfg(feature = "sqlite")]
+use sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
-    ConnectOptions, Connection, Executor, PgPool, SqlitePool,
+    SqlitePool,
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -52,6 +58,7 @@ pub fn unique_name(prefix: &str) -> String {
     )
 }
 
+#[cfg(feature = "postgres")]
 /// A freshly created PostgreSQL database of its own, migrated; returns its pool and URL.
 ///
 /// The name starts with `tidem_` so that `scripts/test.sh` drops it on the next run.
@@ -77,6 +84,7 @@ pub async fn fresh_postgres() -> (PgPool, String) {
     (pool, db_url)
 }
 
+#[cfg(feature = "postgres")]
 /// A pool on an existing PostgreSQL database.
 pub async fn postgres_pool(url: &str) -> PgPool {
     PgPoolOptions::new()
@@ -86,6 +94,7 @@ pub async fn postgres_pool(url: &str) -> PgPool {
         .expect("connect to the test database")
 }
 
+#[cfg(feature = "sqlite")]
 /// A fresh SQLite file in the system temp dir, migrated; returns its pool and path.
 pub async fn fresh_sqlite() -> (SqlitePool, String) {
     let path = std::env::temp_dir().join(format!("{}.db", unique_name("tidem_consumer")));
@@ -100,10 +109,11 @@ pub async fn fresh_sqlite() -> (SqlitePool, String) {
     (pool, path)
 }
 
+#[cfg(feature = "sqlite")]
 /// A pool on an SQLite file (WAL mode, a busy timeout long enough for the tests' work).
 pub async fn sqlite_pool(path: &str) -> SqlitePool {
     let options = SqliteConnectOptions::new()
-        .filename(Path::new(path))
+        .filename(std::path::Path::new(path))
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .busy_timeout(Duration::from_secs(20));
@@ -114,6 +124,7 @@ pub async fn sqlite_pool(path: &str) -> SqlitePool {
         .expect("open the SQLite file")
 }
 
+#[cfg(feature = "redis")]
 /// A connection manager on `REDIS_URL`.
 pub async fn redis_connection() -> redis::aio::ConnectionManager {
     let url = redis_url();
