@@ -266,3 +266,61 @@ async fn done_events_expire_after_the_retention_and_keys_are_cluster_safe() {
         "retention is the key's TTL: {ttl} ms"
     );
 }
+
+/// A connection to the Redis Cluster at `REDIS_CLUSTER_URLS` (comma-separated node URLs).
+async fn cluster_connection() -> redis::cluster_async::ClusterConnection {
+    let urls = std::env::var("REDIS_CLUSTER_URLS").expect(
+        "REDIS_CLUSTER_URLS is not set: run scripts/redis-cluster.sh and export \
+         REDIS_CLUSTER_URLS=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003",
+    );
+    let urls: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    redis::cluster::ClusterClient::new(urls.clone())
+        .unwrap_or_else(|e| panic!("REDIS_CLUSTER_URLS={urls:?} is not valid: {e}"))
+        .get_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach the cluster at REDIS_CLUSTER_URLS={urls:?}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_redis_cluster_concurrent_deliveries_of_many_events_run_each_once() {
+    const EVENTS: usize = 20;
+    let consumer = RedisConsumer::new(cluster_connection().await, "receipts")
+        .with_prefix(unique_name("consumer"))
+        .with_retention(Duration::from_secs(120));
+    let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..EVENTS).map(|_| AtomicUsize::new(0)).collect());
+    let barrier = Arc::new(Barrier::new(EVENTS * common::DELIVERIES));
+    let mut tasks = Vec::new();
+    for event in 0..EVENTS {
+        for _ in 0..common::DELIVERIES {
+            let (consumer, barrier, runs) = (consumer.clone(), barrier.clone(), runs.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let event_id = format!("evt_{event}");
+                consumer
+                    .process_once(&event_id, LEASE, || async {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        send(&runs[event]).await
+                    })
+                    .await
+            }));
+        }
+    }
+    let mut processed = 0;
+    for task in tasks {
+        if let RedisOutcome::Processed(_) = task.await.expect("no panic").expect("no error") {
+            processed += 1;
+        }
+    }
+    assert_eq!(processed, EVENTS, "one delivery of each event ran the work");
+    for (event, runs) in runs.iter().enumerate() {
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "evt_{event} ran once");
+        let again = consumer
+            .process_once(&format!("evt_{event}"), LEASE, || send(runs))
+            .await;
+        assert_eq!(again.expect("redelivery"), RedisOutcome::Duplicate);
+    }
+}
