@@ -27,6 +27,10 @@
 //! when it rolls back, the insert succeeds and the second delivery runs the work. Two
 //! deliveries can never both run it.
 //!
+//! The wait lasts as long as the first delivery's transaction. To give up sooner, set a
+//! `lock_timeout` on the pool's connections (for example with `PgConnectOptions::options`): the
+//! waiting delivery then fails with [`Error::Database`], records nothing, and is redelivered.
+//!
 //! This relies on the default isolation level, READ COMMITTED. Under REPEATABLE READ or
 //! SERIALIZABLE the waiting insert fails with a serialization error instead
 //! ([`Error::Database`]); the next delivery then reports `Duplicate`.
