@@ -74,11 +74,11 @@
 //!
 //! [tower]: https://docs.rs/tower
 //! [axum]: https://docs.rs/axum
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
 pub mod error;
-#[doc = include_str!("../../../docs/guarantees.md")]
+#[doc = include_str!("../docs/guarantees.md")]
 pub mod guarantees {}
 pub mod fingerprint;
 pub mod key;

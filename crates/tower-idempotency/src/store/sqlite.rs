@@ -38,7 +38,7 @@
 //! (`migrations/sqlite/0001_idempotency_records.sql`, included here verbatim):
 //!
 //! ```sql
-#![doc = include_str!("../../../../migrations/sqlite/0001_idempotency_records.sql")]
+#![doc = include_str!("../../migrations/sqlite/0001_idempotency_records.sql")]
 //! ```
 //!
 //! # Waiting
@@ -250,7 +250,7 @@ fn migrator() -> Migrator {
         1,
         "idempotency records".into(),
         MigrationType::Simple,
-        include_str!("../../../../migrations/sqlite/0001_idempotency_records.sql").into_sql_str(),
+        include_str!("../../migrations/sqlite/0001_idempotency_records.sql").into_sql_str(),
         false,
     )]);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
