@@ -827,16 +827,18 @@ pub async fn inner_error_releases_the_key(store: impl Store) {
     let calls = Arc::new(AtomicUsize::new(0));
     let inner = {
         let calls = calls.clone();
-        tower::service_fn(move |_req: http::Request<Body>| {
-            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
-            async move {
-                if n == 1 {
-                    Err("the inner service failed")
-                } else {
-                    Ok(answer(StatusCode::CREATED, n, &Bytes::new()))
+        tower::service_fn(
+            move |_req: http::Request<tower_idempotency::RequestBody<Body>>| {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    if n == 1 {
+                        Err("the inner service failed")
+                    } else {
+                        Ok(answer(StatusCode::CREATED, n, &Bytes::new()))
+                    }
                 }
-            }
-        })
+            },
+        )
     };
     let service = Idempotency::new(store).layer(inner);
     let request = || {
@@ -1042,13 +1044,13 @@ pub async fn takeover_keeps_the_original_expiry(store: impl Store) {
     // the layer's own retention is a day: only the original claim's expiry can free the key
     let server = serve(Idempotency::from_shared(store.clone())).await;
     let outcome = store
-        .claim(&Claim {
-            key: key_hash("expiry-1"),
-            fingerprint: fingerprint("/orders", ORDER),
-            token: FencingToken::new(),
-            lease: DEAD_LEASE,
-            ttl: ORIGINAL_TTL,
-        })
+        .claim(&Claim::new(
+            key_hash("expiry-1"),
+            fingerprint("/orders", ORDER),
+            FencingToken::new(),
+            DEAD_LEASE,
+            ORIGINAL_TTL,
+        ))
         .await
         .unwrap();
     // lease and expiry are counted from a moment before this
@@ -1089,13 +1091,13 @@ pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced(store: impl Stor
     let stale = FencingToken::new();
     // the dead holder: claimed directly in the store, never renewed
     let outcome = store
-        .claim(&Claim {
+        .claim(&Claim::new(
             key,
-            fingerprint: fingerprint("/held", ORDER),
-            token: stale,
-            lease: DEAD_LEASE,
-            ttl: DEFAULT_TTL,
-        })
+            fingerprint("/held", ORDER),
+            stale,
+            DEAD_LEASE,
+            DEFAULT_TTL,
+        ))
         .await
         .unwrap();
     assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
@@ -1113,11 +1115,11 @@ pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced(store: impl Stor
     let retry = tokio::spawn(send(server.post_key("/held", "lease-1", ORDER)));
     server.state.wait_entered(1).await;
     // while the new holder runs, the stale token can write nothing
-    let stale_answer = StoredResponse {
-        status: StatusCode::ACCEPTED,
-        headers: HeaderMap::new(),
-        body: Bytes::from_static(b"{\"execution\":0,\"stale\":true}"),
-    };
+    let stale_answer = StoredResponse::new(
+        StatusCode::ACCEPTED,
+        HeaderMap::new(),
+        Bytes::from_static(b"{\"execution\":0,\"stale\":true}"),
+    );
     assert_eq!(
         store.complete(&key, stale, &stale_answer).await.unwrap(),
         Fenced::Lost

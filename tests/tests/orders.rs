@@ -519,13 +519,7 @@ macro_rules! orders_suite {
                     let key = uuid::Uuid::new_v4().to_string();
                     let (hash, fingerprint) = layer_view_of(&key);
                     let stale = FencingToken::new();
-                    let claim = Claim {
-                        key: hash,
-                        fingerprint,
-                        token: stale,
-                        lease: Duration::from_millis(300),
-                        ttl: Duration::from_secs(3600),
-                    };
+                    let claim = Claim::new(hash, fingerprint, stale, Duration::from_millis(300), Duration::from_secs(3600));
                     let outcome = store.claim(&claim).await.expect("claim");
                     assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
 
@@ -548,11 +542,7 @@ macro_rules! orders_suite {
                     .await
                     .expect("stale insert");
                     // ...and cannot record its answer: the token was replaced.
-                    let response = StoredResponse {
-                        status: http::StatusCode::CREATED,
-                        headers: http::HeaderMap::new(),
-                        body: bytes::Bytes::from_static(b"stale"),
-                    };
+                    let response = StoredResponse::new(http::StatusCode::CREATED, http::HeaderMap::new(), bytes::Bytes::from_static(b"stale"));
                     let fenced = store
                         .complete_in(&mut tx, &hash, stale, &response)
                         .await

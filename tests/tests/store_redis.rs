@@ -47,13 +47,7 @@ fn fingerprint(body: &str) -> Fingerprint {
 }
 
 fn claim_of(key: KeyHash, body: &str, lease: Duration, ttl: Duration) -> Claim {
-    Claim {
-        key,
-        fingerprint: fingerprint(body),
-        token: FencingToken::new(),
-        lease,
-        ttl,
-    }
+    Claim::new(key, fingerprint(body), FencingToken::new(), lease, ttl)
 }
 
 fn response() -> StoredResponse {
@@ -64,11 +58,11 @@ fn response() -> StoredResponse {
     headers.append("set-cookie", HeaderValue::from_static("a=1"));
     headers.append("x-multi", HeaderValue::from_static("three"));
     headers.append("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap());
-    StoredResponse {
-        status: StatusCode::CREATED,
+    StoredResponse::new(
+        StatusCode::CREATED,
         headers,
-        body: Bytes::from_static(b"{\"id\":42}\x00\xff binary tail"),
-    }
+        Bytes::from_static(b"{\"id\":42}\x00\xff binary tail"),
+    )
 }
 
 async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {

@@ -61,13 +61,13 @@ fn random_key() -> KeyHash {
 }
 
 fn claim_of(key: KeyHash, body: &str, lease: Duration) -> Claim {
-    Claim {
+    Claim::new(
         key,
-        fingerprint: Fingerprint::of(&[b"POST", b"/orders", body.as_bytes()]),
-        token: FencingToken::new(),
+        Fingerprint::of(&[b"POST", b"/orders", body.as_bytes()]),
+        FencingToken::new(),
         lease,
-        ttl: DAY,
-    }
+        DAY,
+    )
 }
 
 fn response(n: usize) -> StoredResponse {
@@ -75,11 +75,11 @@ fn response(n: usize) -> StoredResponse {
     headers.append("x-multi", HeaderValue::from_static("one"));
     headers.append("x-multi", HeaderValue::from_static("two"));
     headers.append("x-n", HeaderValue::from(n));
-    StoredResponse {
-        status: StatusCode::CREATED,
+    StoredResponse::new(
+        StatusCode::CREATED,
         headers,
-        body: Bytes::from(format!("order {n}\0")),
-    }
+        Bytes::from(format!("order {n}\0")),
+    )
 }
 
 /// The cluster slot of a Redis key, as the server computes it.

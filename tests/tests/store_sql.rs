@@ -108,21 +108,14 @@ fn fingerprint(body: &str) -> Fingerprint {
 }
 
 fn claim_of(key: KeyHash, body: &str, lease: Duration, ttl: Duration) -> Claim {
-    Claim {
-        key,
-        fingerprint: fingerprint(body),
-        token: FencingToken::new(),
-        lease,
-        ttl,
-    }
+    Claim::new(key, fingerprint(body), FencingToken::new(), lease, ttl)
 }
 
 /// The same request again: same key and fingerprint, a new token.
 fn retry_of(claim: &Claim) -> Claim {
-    Claim {
-        token: FencingToken::new(),
-        ..claim.clone()
-    }
+    let mut retry = claim.clone();
+    retry.token = FencingToken::new();
+    retry
 }
 
 /// A response with multi-valued headers (order matters), a non-UTF-8 value and a binary body.
@@ -134,11 +127,11 @@ fn response() -> StoredResponse {
     headers.append("x-multi", HeaderValue::from_static("third"));
     headers.append("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap());
     headers.append("location", HeaderValue::from_static("/orders/1"));
-    StoredResponse {
-        status: StatusCode::CREATED,
+    StoredResponse::new(
+        StatusCode::CREATED,
         headers,
-        body: Bytes::from_static(b"{\"id\":1}\x00\xff binary tail"),
-    }
+        Bytes::from_static(b"{\"id\":1}\x00\xff binary tail"),
+    )
 }
 
 fn claimed(taken_over: bool) -> ClaimOutcome {
@@ -287,11 +280,11 @@ async fn empty_response_round_trips<B: Backend>() {
     let store = B::fresh(2).await;
     let claim = claim_of(random_key(), "a", LONG, DAY);
     store.claim(&claim).await.unwrap();
-    let saved = StoredResponse {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        headers: HeaderMap::new(),
-        body: Bytes::new(),
-    };
+    let saved = StoredResponse::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        HeaderMap::new(),
+        Bytes::new(),
+    );
     store
         .complete(&claim.key, claim.token, &saved)
         .await
@@ -371,10 +364,8 @@ async fn a_lapsed_lease_is_taken_over_and_fences_the_old_holder<B: Backend>() {
     assert!(is_in_flight(&store.claim(&retry_of(&old)).await.unwrap()));
 
     until(started + lease + Duration::from_millis(100)).await;
-    let new = Claim {
-        lease: LONG,
-        ..retry_of(&old)
-    };
+    let mut new = retry_of(&old);
+    new.lease = LONG;
     assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
     assert_eq!(
         store.expires_at(&old.key).await,
@@ -592,10 +583,8 @@ async fn complete_in_with_a_stale_token_is_lost<B: Backend>() {
     store.claim(&old).await.unwrap();
     let started = Instant::now(); // the claim's lease and expiry count from before this
     until(started + lease + Duration::from_millis(100)).await;
-    let new = Claim {
-        lease: LONG,
-        ..retry_of(&old)
-    };
+    let mut new = retry_of(&old);
+    new.lease = LONG;
     assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
 
     let mut tx = store.pool().begin().await.unwrap();

@@ -90,9 +90,10 @@ mod service;
 pub mod store;
 pub mod sweeper;
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub mod transaction;
 
-pub use body::ResponseBody;
+pub use body::{RequestBody, ResponseBody};
 pub use error::Rejection;
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyHash, Scope};
@@ -105,6 +106,7 @@ pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
 pub use service::{IdempotencyService, ResponseFuture};
 pub use sweeper::Sweeper;
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub use transaction::{IdempotencyTransaction, Transactional};
 
 /// The error type of bodies the layer produces.

@@ -29,7 +29,7 @@ use crate::{
     observe::{self, Outcome},
     record,
     store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoredResponse},
-    BoxError,
+    BoxError, RequestBody,
 };
 
 /// How long a client is told to wait when the store is unavailable.
@@ -120,12 +120,15 @@ impl<B, E> fmt::Debug for ResponseFuture<B, E> {
 
 impl<S, St, M, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, St, M>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     St: Store,
     M: Mode<St>,
-    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody: Body + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -149,7 +152,7 @@ where
         let inner = if layer.config.covers(req.method()) {
             Box::pin(handle(inner, layer, req)) as BoxFuture<_>
         } else {
-            Box::pin(pass_through(inner, req))
+            Box::pin(pass_through(inner, req.map(RequestBody::new)))
         };
         ResponseFuture { inner }
     }
@@ -157,10 +160,10 @@ where
 
 async fn pass_through<S, ReqBody, ResBody>(
     mut inner: S,
-    req: Request<ReqBody>,
+    req: Request<RequestBody<ReqBody>>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
 {
     Ok(inner.call(req).await?.map(ResponseBody::inner))
 }
@@ -192,12 +195,12 @@ async fn handle<S, St, M, ReqBody, ResBody>(
     req: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     St: Store,
     M: Mode<St>,
-    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody: Body + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -213,7 +216,9 @@ where
                 header: display_name(&config.header),
             }))
         }
-        Ok(None) => return pass_through(inner, Request::from_parts(parts, body)).await,
+        Ok(None) => {
+            return pass_through(inner, Request::from_parts(parts, RequestBody::new(body))).await
+        }
         Err(reason) => {
             return Ok(reject(Rejection::InvalidKey {
                 header: display_name(&config.header),
@@ -258,7 +263,7 @@ where
                 let mut parts = parts;
                 parts.extensions.insert(key);
                 let attempt = M::start(&layer.store, &mut parts.extensions);
-                let req = Request::from_parts(parts, ReqBody::from(bytes));
+                let req = Request::from_parts(parts, RequestBody::buffered(bytes));
                 let run = Attempt {
                     store: layer.store.clone(),
                     config: layer.config.clone(),
@@ -268,7 +273,7 @@ where
                 // If the client disconnects and this future is dropped, the attempt is handed to
                 // the runtime: the handler runs to the end and its answer is recorded.
                 FinishOnDrop::new(
-                    run.execute::<S, M, ReqBody, ResBody>(inner, req, attempt)
+                    run.execute::<S, M, RequestBody<ReqBody>, ResBody>(inner, req, attempt)
                         .in_current_span(),
                 )
                 .await
@@ -291,7 +296,7 @@ where
             }
             Ok(ClaimOutcome::Done(saved)) => {
                 observe::record(Outcome::Replayed, &"replaying the saved answer");
-                Ok(record::replay(saved).map(ResponseBody::from_full))
+                Ok(record::replay(saved))
             }
             Err(err) if layer.config.fail_open => {
                 observe::record(
@@ -301,7 +306,11 @@ where
                         observe::Chain(&err)
                     ),
                 );
-                pass_through(inner, Request::from_parts(parts, ReqBody::from(bytes))).await
+                pass_through(
+                    inner,
+                    Request::from_parts(parts, RequestBody::buffered(bytes)),
+                )
+                .await
             }
             Err(err) => {
                 observe::record(
@@ -326,13 +335,7 @@ async fn claim<St: Store, M>(
     token: FencingToken,
 ) -> Result<ClaimOutcome, crate::store::StoreError> {
     let config = &layer.config;
-    let claim = Claim {
-        key,
-        fingerprint,
-        token,
-        lease: config.lease,
-        ttl: config.ttl,
-    };
+    let claim = Claim::new(key, fingerprint, token, config.lease, config.ttl);
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut waited = false;
     loop {
@@ -416,6 +419,16 @@ where
     }
 }
 
+/// `, grpc-status N` when the answer carries one, for the log line of a released key.
+fn grpc_status_note(headers: &http::HeaderMap, trailers: &http::HeaderMap) -> String {
+    trailers
+        .get("grpc-status")
+        .or_else(|| headers.get("grpc-status"))
+        .and_then(|v| v.to_str().ok())
+        .map(|code| format!(", grpc-status {code}"))
+        .unwrap_or_default()
+}
+
 /// One claimed attempt: the handler, the heartbeat, and the recording of the answer.
 struct Attempt<St> {
     store: Arc<St>,
@@ -440,10 +453,14 @@ impl<St: Store> Attempt<St> {
         let work = AssertUnwindSafe(async {
             let response = inner.call(req).await?;
             let (parts, body) = response.into_parts();
-            let body: Result<Bytes, BoxError> = body
+            // Trailers are kept with the body: gRPC's outcome (`grpc-status`) is in them.
+            let body: Result<(Bytes, http::HeaderMap), BoxError> = body
                 .collect()
                 .await
-                .map(|c| c.to_bytes())
+                .map(|c| {
+                    let trailers = c.trailers().cloned().unwrap_or_default();
+                    (c.to_bytes(), trailers)
+                })
                 .map_err(Into::into);
             Ok::<_, S::Error>((parts, body))
         })
@@ -454,7 +471,7 @@ impl<St: Store> Attempt<St> {
             never = self.heartbeat() => match never {},
         };
 
-        let (parts, body) = match result {
+        let (parts, (body, trailers)) = match result {
             Err(panic) => {
                 M::abandon(attempt).await;
                 self.release("the handler panicked").await;
@@ -473,18 +490,30 @@ impl<St: Store> Attempt<St> {
             Ok(Ok((parts, Ok(body)))) => (parts, body),
         };
 
-        if !self.config.save.should_save(parts.status) {
+        if !self
+            .config
+            .save
+            .should_save_response(parts.status, &parts.headers, &trailers)
+        {
             M::abandon(attempt).await;
-            self.release(&format!("status {} is not saved", parts.status.as_u16()))
-                .await;
-            return Ok(Response::from_parts(parts, ResponseBody::full(body)));
+            self.release(&format!(
+                "the answer (status {}{}) is not saved",
+                parts.status.as_u16(),
+                grpc_status_note(&parts.headers, &trailers)
+            ))
+            .await;
+            return Ok(Response::from_parts(
+                parts,
+                ResponseBody::with_trailers(body, trailers),
+            ));
         }
 
-        let saved = StoredResponse {
-            status: parts.status,
-            headers: record::saved_headers(&parts.headers),
-            body: body.clone(),
-        };
+        let saved = StoredResponse::new(
+            parts.status,
+            record::saved_headers(&parts.headers),
+            body.clone(),
+        )
+        .with_trailers(trailers.clone());
         match M::finish(&self.store, attempt, &self.key, self.token, &saved).await {
             Ok(Fenced::Applied) => observe::record(Outcome::Saved, &"answer saved"),
             Ok(Fenced::Lost) if M::TRANSACTIONAL => {
@@ -509,7 +538,10 @@ impl<St: Store> Attempt<St> {
                 &format_args!("saving the answer failed: {}; the answer is sent but not saved, and a retry after the lease runs the handler again", observe::Chain(&err)),
             ),
         }
-        Ok(Response::from_parts(parts, ResponseBody::full(body)))
+        Ok(Response::from_parts(
+            parts,
+            ResponseBody::with_trailers(body, trailers),
+        ))
     }
 
     /// Renew the lease every third of it, forever; the caller drops this when the work ends.
@@ -578,12 +610,12 @@ mod tests {
         count: Arc<AtomicUsize>,
         status: StatusCode,
     ) -> impl Service<
-        Request<Full<Bytes>>,
+        Request<RequestBody<Full<Bytes>>>,
         Response = Response<Full<Bytes>>,
         Error = std::convert::Infallible,
         Future = impl Send,
     > + Clone {
-        tower::service_fn(move |_req: Request<Full<Bytes>>| {
+        tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
             let n = count.fetch_add(1, Ordering::SeqCst) + 1;
             async move {
                 let mut response = Response::new(Full::new(Bytes::from(format!("run {n}"))));

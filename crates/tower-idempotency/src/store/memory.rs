@@ -250,11 +250,11 @@ mod tests {
     }
 
     fn response() -> StoredResponse {
-        StoredResponse {
-            status: StatusCode::CREATED,
-            headers: HeaderMap::new(),
-            body: Bytes::from_static(b"ok"),
-        }
+        StoredResponse::new(
+            StatusCode::CREATED,
+            HeaderMap::new(),
+            Bytes::from_static(b"ok"),
+        )
     }
 
     #[tokio::test(start_paused = true)]

@@ -455,11 +455,11 @@ mod tests {
             store.claim(&claim).await.unwrap(),
             ClaimOutcome::Claimed { taken_over: false }
         );
-        let saved = StoredResponse {
-            status: http::StatusCode::CREATED,
-            headers: http::HeaderMap::new(),
-            body: Bytes::from_static(b"{}"),
-        };
+        let saved = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            Bytes::from_static(b"{}"),
+        );
         assert!(store
             .complete(&claim.key, claim.token, &saved)
             .await
