@@ -39,7 +39,7 @@ use sqlx::{
     ConnectOptions, Connection, PgPool, Pool, SqlSafeStr, Sqlite, SqlitePool,
 };
 use tower_idempotency::{
-    store::{postgres::PostgresStore, sqlite::SqliteStore},
+    store::{postgres::PostgresStore, sqlite::SqliteStore, DynStore},
     Idempotency, Sweeper,
 };
 
@@ -158,6 +158,17 @@ impl Db {
         }
     }
 
+    /// The idempotency store on this database, its type chosen at run time.
+    ///
+    /// Enough for everything but transactional mode, which needs the concrete store (the
+    /// handler's transaction has that database's type): [`app`] builds that one per database.
+    pub fn idempotency_store(&self) -> DynStore {
+        match self {
+            Db::Postgres(pool) => DynStore::new(PostgresStore::new(pool.clone())),
+            Db::Sqlite(pool) => DynStore::new(SqliteStore::new(pool.clone())),
+        }
+    }
+
     /// `"postgres"` or `"sqlite"`, for logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -194,10 +205,7 @@ pub fn app(db: Db, config: Config) -> Router {
 /// Start the background task that deletes expired idempotency records every [`SWEEP_EVERY`].
 /// It stops when the returned [`Sweeper`] is dropped.
 pub fn sweeper(db: &Db) -> Sweeper {
-    match db {
-        Db::Postgres(pool) => Idempotency::postgres(pool.clone()).sweep_every(SWEEP_EVERY),
-        Db::Sqlite(pool) => Idempotency::sqlite(pool.clone()).sweep_every(SWEEP_EVERY),
-    }
+    Idempotency::new(db.idempotency_store()).sweep_every(SWEEP_EVERY)
 }
 
 /// One router for either database: only the SQL behind [`backend::Backend`] differs.

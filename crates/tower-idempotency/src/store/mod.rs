@@ -11,6 +11,8 @@
 //! | `PostgresStore` | `postgres` | the default for real applications, transactional mode |
 //! | `SqliteStore` | `sqlite` | embedded, single node, transactional mode |
 //! | `RedisStore` | `redis` | work with no database row of its own, scale-out |
+//!
+//! [`DynStore`] holds any of them behind one type, for a store chosen at run time.
 
 use std::{fmt, future::Future, time::Duration};
 
@@ -18,6 +20,9 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::{fingerprint::Fingerprint, key::KeyHash};
+
+mod dynamic;
+pub use dynamic::{BoxFuture, DynStore, ErasedStore};
 
 #[cfg(feature = "memory")]
 mod memory;
