@@ -73,6 +73,8 @@ pub use layer::{
     DEFAULT_TTL, WAIT_POLL_INTERVAL,
 };
 pub use mode::{Mode, Standard};
+#[cfg(feature = "metrics")]
+pub use observe::describe_metrics;
 pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
 pub use service::{IdempotencyService, ResponseFuture};
 pub use sweeper::Sweeper;

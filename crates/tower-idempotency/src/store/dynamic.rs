@@ -14,6 +14,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Implemented for every [`Store`]; you never implement it yourself. Use it through
 /// [`DynStore`].
 pub trait ErasedStore: fmt::Debug + Send + Sync + 'static {
+    /// [`Store::name`].
+    fn dyn_name(&self) -> &'static str;
     /// [`Store::claim`].
     fn dyn_claim<'a>(&'a self, claim: &'a Claim)
         -> BoxFuture<'a, Result<ClaimOutcome, StoreError>>;
@@ -44,6 +46,10 @@ pub trait ErasedStore: fmt::Debug + Send + Sync + 'static {
 }
 
 impl<S: Store> ErasedStore for S {
+    fn dyn_name(&self) -> &'static str {
+        Store::name(self)
+    }
+
     fn dyn_claim<'a>(
         &'a self,
         claim: &'a Claim,
@@ -128,6 +134,10 @@ impl fmt::Debug for DynStore {
 }
 
 impl Store for DynStore {
+    fn name(&self) -> &'static str {
+        self.0.dyn_name()
+    }
+
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         self.0.dyn_claim(claim).await
     }
@@ -211,5 +221,6 @@ mod tests {
         assert!(!store.release(&key, retry.token).await.unwrap().applied());
         assert_eq!(store.sweep(10).await.unwrap(), 0);
         assert!(format!("{store:?}").starts_with("DynStore(MemoryStore"));
+        assert_eq!(store.name(), "memory");
     }
 }

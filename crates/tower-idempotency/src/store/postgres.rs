@@ -287,6 +287,10 @@ impl fmt::Debug for PostgresStore {
 }
 
 impl Store for PostgresStore {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         for _ in 0..CLAIM_ATTEMPTS {
             let row = sqlx::query(CLAIM)

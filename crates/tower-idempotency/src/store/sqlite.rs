@@ -266,6 +266,10 @@ impl fmt::Debug for SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         let live = sqlx::query(LIVE)
             .bind(claim.key.as_bytes().as_slice())
