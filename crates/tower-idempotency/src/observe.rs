@@ -40,10 +40,13 @@ use std::{
 use crate::key::KeyHash;
 
 /// The counter of final outcomes.
+#[cfg(feature = "metrics")]
 pub(crate) const REQUESTS_TOTAL: &str = "idempotency_requests_total";
 /// The histogram of store operation latency.
+#[cfg(feature = "metrics")]
 pub(crate) const STORE_DURATION: &str = "idempotency_store_duration_seconds";
 /// The counter of lease renewals.
+#[cfg(feature = "metrics")]
 pub(crate) const LEASE_RENEWALS_TOTAL: &str = "idempotency_lease_renewals_total";
 
 /// What happened to one request (or one step of it).
