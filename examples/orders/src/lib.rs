@@ -22,6 +22,12 @@
 //! | `GET /orders/{orderId}` | 200 with the order, or 404 |
 //! | `GET /orders?customerId=c_1` | 200 `{"orders": [...]}` (oldest first, at most 1000), 400 without `customerId` |
 //! | `GET /healthz` | 200 when the database answers `SELECT 1`, 503 otherwise |
+//! | `GET /metrics` | Prometheus text: `idempotency_requests_total{outcome}`, store latency, .. |
+//! | `GET /openapi.json` | the OpenAPI document, generated from the code |
+//!
+//! Every answer carries an `x-request-id` (the client's, or a new UUID), each request runs in a
+//! `tower-http` trace span carrying it, and a request unanswered after [`REQUEST_TIMEOUT`] gets
+//! `408` (its work still finishes and is saved for the retry).
 //!
 //! Errors are `application/problem+json` (RFC 9457); their `type` URIs point into
 //! `examples/orders/README.md`.
@@ -45,14 +51,18 @@ use tower_idempotency::{
 
 mod backend;
 mod config;
+mod openapi;
 mod payment;
 mod problem;
 mod routes;
+mod telemetry;
 
 pub use config::{Config, ConfigError, Settings};
+pub use openapi::ApiDoc;
 pub use payment::PaymentProvider;
 pub use problem::Problem;
 pub use routes::{NewOrder, Order};
+pub use telemetry::{metrics_handle, REQUEST_TIMEOUT};
 
 /// The SQLite file used when `DATABASE_URL` is not set, in the working directory.
 pub const DEFAULT_SQLITE_FILE: &str = "orders.db";
@@ -218,7 +228,8 @@ fn router<B: backend::Backend>(pool: Pool<B>, config: &Config) -> Router {
         pool,
         payments: PaymentProvider::new(config.payment_latency),
     };
-    Router::new()
+    let metrics = telemetry::metrics_handle();
+    let routes = Router::new()
         .route(
             "/orders",
             post(routes::create_order::<B>)
@@ -227,6 +238,9 @@ fn router<B: backend::Backend>(pool: Pool<B>, config: &Config) -> Router {
         )
         .route("/orders/{order_id}", get(routes::get_order::<B>))
         .route("/healthz", get(routes::healthz::<B>))
+        .route("/openapi.json", get(openapi::document))
+        .route("/metrics", get(move || telemetry::metrics(metrics.clone())))
         .fallback(routes::not_found)
-        .with_state(state)
+        .with_state(state);
+    telemetry::layers(routes)
 }
