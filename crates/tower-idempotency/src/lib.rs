@@ -48,7 +48,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
+mod config;
+mod constructors;
 pub mod error;
+#[cfg(feature = "axum")]
+mod extract;
 #[doc = include_str!("../docs/guarantees.md")]
 pub mod guarantees {}
 pub mod fingerprint;
@@ -65,13 +69,14 @@ pub mod sweeper;
 pub mod transaction;
 
 pub use body::{RequestBody, ResponseBody};
+pub use config::{
+    DEFAULT_BODY_LIMIT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS, DEFAULT_TTL,
+    WAIT_POLL_INTERVAL,
+};
 pub use error::Rejection;
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyHash, Scope};
-pub use layer::{
-    Idempotency, DEFAULT_BODY_LIMIT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS,
-    DEFAULT_TTL, WAIT_POLL_INTERVAL,
-};
+pub use layer::Idempotency;
 pub use mode::{Mode, Standard};
 #[cfg(feature = "metrics")]
 pub use observe::describe_metrics;

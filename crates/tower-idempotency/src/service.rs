@@ -3,6 +3,7 @@
 use std::{
     fmt,
     future::Future,
+    marker::PhantomData,
     panic::AssertUnwindSafe,
     pin::Pin,
     sync::Arc,
@@ -21,10 +22,10 @@ use tracing::Instrument;
 
 use crate::{
     body::ResponseBody,
+    config::{Config, WAIT_POLL_INTERVAL},
     error::Rejection,
     fingerprint::Fingerprint,
     key::{IdempotencyKey, KeyHash},
-    layer::{Config, Idempotency, WAIT_POLL_INTERVAL},
     mode::{Mode, Standard},
     observe::{self, Outcome, RequestRecord},
     record,
@@ -35,10 +36,10 @@ use crate::{
 /// How long a client is told to wait when the store is unavailable.
 const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// The middleware produced by [`Idempotency`]. See the crate docs for the request flow.
+/// The middleware produced by [`Idempotency`](crate::Idempotency). See the crate docs for the request flow.
 pub struct IdempotencyService<S, St, M = Standard> {
     inner: S,
-    layer: Idempotency<St, M>,
+    layer: Shared<St, M>,
 }
 
 impl<S, St: Store> IdempotencyService<S, St> {
@@ -54,12 +55,34 @@ impl<S, St: Store> IdempotencyService<S, St> {
     /// # let _ = service;
     /// ```
     pub fn new(inner: S, store: St) -> Self {
-        Self::from_layer(inner, Idempotency::new(store))
+        Self::from_parts(inner, Arc::new(store), Arc::new(Config::default()))
+    }
+}
+
+/// What every request through one service shares: the store and the settings.
+pub(crate) struct Shared<St, M> {
+    pub(crate) store: Arc<St>,
+    pub(crate) config: Arc<Config>,
+    mode: PhantomData<fn() -> M>,
+}
+
+impl<St, M> Clone for Shared<St, M> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            config: self.config.clone(),
+            mode: PhantomData,
+        }
     }
 }
 
 impl<S, St, M> IdempotencyService<S, St, M> {
-    pub(crate) fn from_layer(inner: S, layer: Idempotency<St, M>) -> Self {
+    pub(crate) fn from_parts(inner: S, store: Arc<St>, config: Arc<Config>) -> Self {
+        let layer = Shared {
+            store,
+            config,
+            mode: PhantomData,
+        };
         Self { inner, layer }
     }
 
@@ -92,8 +115,9 @@ impl<S: fmt::Debug, St: fmt::Debug, M> fmt::Debug for IdempotencyService<S, St, 
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyService")
             .field("inner", &self.inner)
-            .field("layer", &self.layer)
-            .finish()
+            .field("store", &self.layer.store)
+            .field("mode", &std::any::type_name::<M>())
+            .finish_non_exhaustive()
     }
 }
 
@@ -190,7 +214,7 @@ fn reject<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
 /// A covered request, inside its span; its final outcome is counted when the record drops.
 async fn handle<S, St, M, ReqBody, ResBody>(
     inner: S,
-    layer: Idempotency<St, M>,
+    layer: Shared<St, M>,
     req: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -220,7 +244,7 @@ where
 /// outcomes.
 async fn guard<S, St, M, ReqBody, ResBody>(
     inner: S,
-    layer: Idempotency<St, M>,
+    layer: Shared<St, M>,
     req: Request<ReqBody>,
     record: Arc<RequestRecord>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
@@ -374,7 +398,7 @@ where
 
 /// Claim once, or in wait mode keep claiming while the first attempt runs, up to the bound.
 async fn claim<St: Store, M>(
-    layer: &Idempotency<St, M>,
+    layer: &Shared<St, M>,
     key: KeyHash,
     fingerprint: Fingerprint,
     token: FencingToken,

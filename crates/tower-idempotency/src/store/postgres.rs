@@ -72,7 +72,7 @@ use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
 };
-use crate::{key::KeyHash, Idempotency};
+use crate::key::KeyHash;
 
 /// The table sqlx records applied migrations in, apart from the application's own.
 const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
@@ -420,27 +420,6 @@ async fn complete_on<'e>(
         .execute(executor)
         .await?;
     Ok(Fenced::from_rows(done.rows_affected()))
-}
-
-impl Idempotency<PostgresStore> {
-    /// A layer over a [`PostgresStore`] on `pool`.
-    ///
-    /// The table must exist: call [`PostgresStore::migrate`] first, or run the schema in the
-    /// [module docs](crate::store::postgres) with your own migrations.
-    ///
-    /// ```no_run
-    /// use tower_idempotency::{store::postgres::sqlx::PgPool, Idempotency};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = PgPool::connect("postgres://postgres@localhost/app").await?;
-    /// let layer = Idempotency::postgres(pool);
-    /// # let _ = layer;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn postgres(pool: PgPool) -> Self {
-        Self::new(PostgresStore::new(pool))
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
 };
-use crate::{key::KeyHash, Idempotency};
+use crate::key::KeyHash;
 
 /// The table sqlx records applied migrations in, apart from the application's own.
 const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
@@ -410,27 +410,6 @@ async fn complete_on<'e>(
         .execute(executor)
         .await?;
     Ok(Fenced::from_rows(done.rows_affected()))
-}
-
-impl Idempotency<SqliteStore> {
-    /// A layer over a [`SqliteStore`] on `pool`.
-    ///
-    /// The table must exist: call [`SqliteStore::migrate`] first, or run the schema in the
-    /// [module docs](crate::store::sqlite) with your own migrations.
-    ///
-    /// ```no_run
-    /// use tower_idempotency::{store::sqlite::sqlx::SqlitePool, Idempotency};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = SqlitePool::connect("sqlite://app.db?mode=rwc").await?;
-    /// let layer = Idempotency::sqlite(pool);
-    /// # let _ = layer;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn sqlite(pool: SqlitePool) -> Self {
-        Self::new(SqliteStore::new(pool))
-    }
 }
 
 #[cfg(test)]

@@ -14,13 +14,13 @@
 //! # Data layout
 //!
 //! One record is one Redis hash at `{prefix}:{<key hex>}`, where `<key hex>` is the lower-case hex
-//! of the scoped [`KeyHash`] (the raw key is never stored) and the braces are literal: they are
+//! of the scoped [`KeyHash`](crate::KeyHash) (the raw key is never stored) and the braces are literal: they are
 //! the record's Redis Cluster hash tag. Its fields:
 //!
 //! | field | content |
 //! |---|---|
 //! | `fp` | the request fingerprint, hex |
-//! | `token` | the holder's [`FencingToken`], a hyphenated UUID |
+//! | `token` | the holder's [`FencingToken`](crate::store::FencingToken), a hyphenated UUID |
 //! | `state` | `running` or `done` |
 //! | `lease_until` | end of the holder's lease, Unix milliseconds (server clock) |
 //! | `expires_at` | end of the record's retention, Unix milliseconds (server clock) |
@@ -29,7 +29,7 @@
 //! | `body` | the saved body, raw bytes (`done` only) |
 //!
 //! The key carries a `PEXPIREAT` at `expires_at`, so Redis removes expired records itself and
-//! [`Store::sweep`] has nothing to do. A takeover rewrites the token and the lease but neither
+//! [`Store::sweep`](crate::store::Store::sweep) has nothing to do. A takeover rewrites the token and the lease but neither
 //! `expires_at` nor the key's expiry: a record is kept for its TTL counted from its first claim.
 //!
 //! # Atomicity
@@ -54,7 +54,7 @@
 //!
 //! `complete` and `release` `PUBLISH` on `{prefix}:{<key hex>}:done`. With notifications enabled
 //! ([`RedisStore::connect`] enables them, [`RedisStore::with_notifications`] does it for the
-//! other constructors), [`Store::wait_for_change`] subscribes to that channel over one pub/sub
+//! other constructors), [`Store::wait_for_change`](crate::store::Store::wait_for_change) subscribes to that channel over one pub/sub
 //! connection shared by all clones of the store, opened on first use, and wakes as soon as the
 //! record is completed or released, or when the holder's lease lapses. A channel is subscribed
 //! while someone waits on it and unsubscribed when its last waiter returns; the connection

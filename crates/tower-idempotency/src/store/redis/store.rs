@@ -29,7 +29,7 @@ const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// Idempotency records in Redis or Redis Cluster, one hash per key.
 ///
-/// See the [module docs](self) for the data layout, atomicity, cluster safety and durability.
+/// See the [module docs](crate::store::redis) for the data layout, atomicity, cluster safety and durability.
 /// Clones share the connection and the notification connection.
 ///
 /// ```no_run
@@ -311,24 +311,6 @@ impl Store for RedisStore {
             () = tokio::time::sleep_until(wake_at) => {}
         }
         // `notified`, then `registration` (unsubscribing the last waiter) drop here.
-    }
-}
-
-impl crate::Idempotency<RedisStore> {
-    /// A layer over a [`RedisStore`] on `client`, under the default prefix, connecting on first
-    /// use (see [`RedisStore::lazy`]), with wait-mode notifications.
-    ///
-    /// ```
-    /// use tower_idempotency::{store::redis::redis, Idempotency};
-    ///
-    /// # fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
-    /// let layer = Idempotency::redis(client)?;
-    /// # let _ = layer;
-    /// # Ok(()) }
-    /// ```
-    pub fn redis(client: redis::Client) -> Result<Self, StoreError> {
-        Ok(Self::new(RedisStore::lazy(client)?))
     }
 }
 
