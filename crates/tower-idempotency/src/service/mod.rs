@@ -4,7 +4,6 @@ use std::{
     fmt,
     future::Future,
     marker::PhantomData,
-    panic::AssertUnwindSafe,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -12,7 +11,6 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures_util::FutureExt;
 use http::{header::CONTENT_LENGTH, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -29,12 +27,15 @@ use crate::{
     mode::{Mode, Standard},
     observe::{self, Outcome, RequestRecord},
     record,
-    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoredResponse},
+    store::{Claim, ClaimOutcome, FencingToken, Store, StoreError},
     BoxError, RequestBody,
 };
 
+mod claimed;
 mod finish_on_drop;
+mod heartbeat;
 
+use claimed::ClaimedRun;
 use finish_on_drop::FinishOnDrop;
 
 /// How long a client is told to wait when the store is unavailable.
@@ -244,8 +245,8 @@ where
     result
 }
 
-/// The request flow for a covered method: key, body, fingerprint, claim, then one of the four
-/// outcomes.
+/// The request flow for a covered method (DESIGN.md's order): prepare the request (key, body,
+/// fingerprint), claim the key, respond to the claim's outcome.
 async fn guard<S, St, M, ReqBody, ResBody>(
     inner: S,
     layer: Shared<St, M>,
@@ -264,17 +265,9 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let config = &layer.config;
     let (parts, body) = req.into_parts();
-
-    let key = match IdempotencyKey::from_headers(&parts.headers, &config.header) {
+    let key = match read_key(&layer.config, &parts.headers) {
         Ok(Some(key)) => key,
-        Ok(None) if config.required => {
-            record.finish(Outcome::Rejected, &"no idempotency key: 400");
-            return Ok(reject(Rejection::MissingKey {
-                header: display_name(&config.header),
-            }));
-        }
         Ok(None) => {
             record.finish(
                 Outcome::NoKey,
@@ -282,122 +275,242 @@ where
             );
             return pass_through(inner, Request::from_parts(parts, RequestBody::new(body))).await;
         }
-        Err(reason) => {
-            record.finish(Outcome::Rejected, &"invalid idempotency key: 400");
-            return Ok(reject(Rejection::InvalidKey {
+        Err(refusal) => return Ok(refusal.answer(&record)),
+    };
+    let prepared = match prepare(&layer.config, parts, body, key).await {
+        Ok(prepared) => prepared,
+        Err(refusal) => return Ok(refusal.answer(&record)),
+    };
+    record.key(&prepared.key_hash);
+
+    let token = FencingToken::new();
+    let outcome = claim(&layer, prepared.key_hash, prepared.fingerprint, token).await;
+    respond(inner, layer, prepared, token, outcome, record).await
+}
+
+/// A request the layer answers itself before claiming anything: the answer and its log line.
+struct Refusal {
+    rejection: Rejection,
+    note: &'static str,
+}
+
+impl Refusal {
+    fn answer<B>(self, record: &RequestRecord) -> Response<ResponseBody<B>> {
+        record.finish(Outcome::Rejected, &self.note);
+        reject(self.rejection)
+    }
+}
+
+/// The key from its header: `None` when absent and the layer lets such requests through.
+fn read_key(config: &Config, headers: &http::HeaderMap) -> Result<Option<IdempotencyKey>, Refusal> {
+    match IdempotencyKey::from_headers(headers, &config.header) {
+        Ok(Some(key)) => Ok(Some(key)),
+        Ok(None) if config.required => Err(Refusal {
+            rejection: Rejection::MissingKey {
+                header: display_name(&config.header),
+            },
+            note: "no idempotency key: 400",
+        }),
+        Ok(None) => Ok(None),
+        Err(reason) => Err(Refusal {
+            rejection: Rejection::InvalidKey {
                 header: display_name(&config.header),
                 reason,
-            }));
-        }
-    };
+            },
+            note: "invalid idempotency key: 400",
+        }),
+    }
+}
 
-    let too_large = Rejection::BodyTooLarge {
+/// A keyed request ready to claim: its body buffered, its key scoped, its fingerprint taken.
+struct Prepared {
+    parts: http::request::Parts,
+    bytes: Bytes,
+    key: IdempotencyKey,
+    key_hash: KeyHash,
+    fingerprint: Fingerprint,
+}
+
+/// Buffer the body, scope the key, fingerprint the request.
+async fn prepare<B>(
+    config: &Config,
+    parts: http::request::Parts,
+    body: B,
+    key: IdempotencyKey,
+) -> Result<Prepared, Refusal>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let bytes = read_body(config, &parts.headers, body).await?;
+    let key_hash = key.scoped_hash(&config.scope.scope(&parts));
+    let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
+    Ok(Prepared {
+        parts,
+        bytes,
+        key,
+        key_hash,
+        fingerprint,
+    })
+}
+
+/// The whole body, up to the limit (413 over it, refused from `Content-Length` when it says so).
+async fn read_body<B>(config: &Config, headers: &http::HeaderMap, body: B) -> Result<Bytes, Refusal>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let too_large = || Rejection::BodyTooLarge {
         limit: config.body_limit,
     };
-    let declared_len = parts
-        .headers
+    let declared_len = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared_len.is_some_and(|len| len > config.body_limit as u64) {
-        record.finish(
-            Outcome::Rejected,
-            &"the declared body is over the limit: 413",
+        return Err(Refusal {
+            rejection: too_large(),
+            note: "the declared body is over the limit: 413",
+        });
+    }
+    match Limited::new(body, config.body_limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.is::<LengthLimitError>() => Err(Refusal {
+            rejection: too_large(),
+            note: "the body is over the limit: 413",
+        }),
+        Err(_) => Err(Refusal {
+            rejection: Rejection::UnreadableBody,
+            note: "the body could not be read: 400",
+        }),
+    }
+}
+
+/// The answer to each outcome of the claim: run the handler (claimed), 409 (in flight), 422
+/// (mismatch), the saved answer (done); on a store error, 503 or, fail-open, the handler.
+async fn respond<S, St, M, ReqBody, ResBody>(
+    inner: S,
+    layer: Shared<St, M>,
+    prepared: Prepared,
+    token: FencingToken,
+    outcome: Result<ClaimOutcome, StoreError>,
+    record: Arc<RequestRecord>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    M: Mode<St>,
+    ReqBody: Body + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    match outcome {
+        Ok(ClaimOutcome::Claimed { taken_over }) => {
+            run_claimed(inner, layer, prepared, token, taken_over, record).await
+        }
+        Ok(ClaimOutcome::InFlight { lease_remaining }) => {
+            record.finish(
+                Outcome::InFlight,
+                &"the first attempt is still running: 409",
+            );
+            Ok(reject(Rejection::InFlight {
+                retry_after: lease_remaining,
+            }))
+        }
+        Ok(ClaimOutcome::Mismatch) => {
+            record.finish(
+                Outcome::Mismatch,
+                &"the key was first used for a different request: 422",
+            );
+            Ok(reject(Rejection::KeyReused))
+        }
+        Ok(ClaimOutcome::Done(saved)) => {
+            record.finish(Outcome::Replayed, &"replaying the saved answer");
+            Ok(record::replay(saved))
+        }
+        Err(err) if layer.config.fail_open => {
+            record.finish(
+                Outcome::FailOpen,
+                &format_args!(
+                    "store failed ({}); calling the handler without idempotency (fail-open)",
+                    observe::Chain(&err)
+                ),
+            );
+            let Prepared { parts, bytes, .. } = prepared;
+            pass_through(
+                inner,
+                Request::from_parts(parts, RequestBody::buffered(bytes)),
+            )
+            .await
+        }
+        Err(err) => {
+            record.finish(
+                Outcome::StoreError,
+                &format_args!("store failed: {}; answering 503", observe::Chain(&err)),
+            );
+            Ok(reject(Rejection::StoreUnavailable {
+                retry_after: STORE_RETRY_AFTER,
+            }))
+        }
+    }
+}
+
+/// The key is ours: hand the request to the handler as a [`ClaimedRun`], which a client
+/// disconnect does not stop.
+async fn run_claimed<S, St, M, ReqBody, ResBody>(
+    inner: S,
+    layer: Shared<St, M>,
+    prepared: Prepared,
+    token: FencingToken,
+    taken_over: bool,
+    record: Arc<RequestRecord>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    M: Mode<St>,
+    ReqBody: Body + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    if taken_over {
+        observe::record(
+            Outcome::TakenOver,
+            &"a lapsed lease was taken over; the handler runs again",
         );
-        return Ok(reject(too_large));
+    } else {
+        observe::record(Outcome::Claimed, &"key claimed; the handler runs");
     }
-    let bytes = match Limited::new(body, config.body_limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<LengthLimitError>() => {
-            record.finish(Outcome::Rejected, &"the body is over the limit: 413");
-            return Ok(reject(too_large));
-        }
-        Err(_) => {
-            record.finish(Outcome::Rejected, &"the body could not be read: 400");
-            return Ok(reject(Rejection::UnreadableBody));
-        }
+    let Prepared {
+        mut parts,
+        bytes,
+        key,
+        key_hash,
+        ..
+    } = prepared;
+    parts.extensions.insert(key);
+    let mode_state = M::start(&layer.store, &mut parts.extensions);
+    let req = Request::from_parts(parts, RequestBody::buffered(bytes));
+    let run = ClaimedRun {
+        store: layer.store.clone(),
+        config: layer.config.clone(),
+        key: key_hash,
+        token,
+        record,
     };
-
-    let key_hash = key.scoped_hash(&config.scope.scope(&parts));
-    let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
-    record.key(&key_hash);
-
-    {
-        let token = FencingToken::new();
-        match claim(&layer, key_hash, fingerprint, token).await {
-            Ok(ClaimOutcome::Claimed { taken_over }) => {
-                if taken_over {
-                    observe::record(
-                        Outcome::TakenOver,
-                        &"a lapsed lease was taken over; the handler runs again",
-                    );
-                } else {
-                    observe::record(Outcome::Claimed, &"key claimed; the handler runs");
-                }
-                let mut parts = parts;
-                parts.extensions.insert(key);
-                let attempt = M::start(&layer.store, &mut parts.extensions);
-                let req = Request::from_parts(parts, RequestBody::buffered(bytes));
-                let run = Attempt {
-                    store: layer.store.clone(),
-                    config: layer.config.clone(),
-                    key: key_hash,
-                    token,
-                    record: record.clone(),
-                };
-                // If the client disconnects and this future is dropped, the attempt is handed to
-                // the runtime: the handler runs to the end and its answer is recorded.
-                FinishOnDrop::new(
-                    run.execute::<S, M, RequestBody<ReqBody>, ResBody>(inner, req, attempt)
-                        .in_current_span(),
-                )
-                .await
-            }
-            Ok(ClaimOutcome::InFlight { lease_remaining }) => {
-                record.finish(
-                    Outcome::InFlight,
-                    &"the first attempt is still running: 409",
-                );
-                Ok(reject(Rejection::InFlight {
-                    retry_after: lease_remaining,
-                }))
-            }
-            Ok(ClaimOutcome::Mismatch) => {
-                record.finish(
-                    Outcome::Mismatch,
-                    &"the key was first used for a different request: 422",
-                );
-                Ok(reject(Rejection::KeyReused))
-            }
-            Ok(ClaimOutcome::Done(saved)) => {
-                record.finish(Outcome::Replayed, &"replaying the saved answer");
-                Ok(record::replay(saved))
-            }
-            Err(err) if layer.config.fail_open => {
-                record.finish(
-                    Outcome::FailOpen,
-                    &format_args!(
-                        "store failed ({}); calling the handler without idempotency (fail-open)",
-                        observe::Chain(&err)
-                    ),
-                );
-                pass_through(
-                    inner,
-                    Request::from_parts(parts, RequestBody::buffered(bytes)),
-                )
-                .await
-            }
-            Err(err) => {
-                record.finish(
-                    Outcome::StoreError,
-                    &format_args!("store failed: {}; answering 503", observe::Chain(&err)),
-                );
-                Ok(reject(Rejection::StoreUnavailable {
-                    retry_after: STORE_RETRY_AFTER,
-                }))
-            }
-        }
-    }
+    // If the client disconnects and this future is dropped, the run is handed to the runtime:
+    // the handler runs to the end and its answer is recorded.
+    FinishOnDrop::new(
+        run.execute::<S, M, RequestBody<ReqBody>, ResBody>(inner, req, mode_state)
+            .in_current_span(),
+    )
+    .await
 }
 
 /// Claim once, or in wait mode keep claiming while the first attempt runs, up to the bound.
@@ -429,182 +542,6 @@ async fn claim<St: Store, M>(
                 }
                 return Ok(outcome);
             }
-        }
-    }
-}
-
-/// `, grpc-status N` when the answer carries one, for the log line of a released key.
-fn grpc_status_note(headers: &http::HeaderMap, trailers: &http::HeaderMap) -> String {
-    trailers
-        .get("grpc-status")
-        .or_else(|| headers.get("grpc-status"))
-        .and_then(|v| v.to_str().ok())
-        .map(|code| format!(", grpc-status {code}"))
-        .unwrap_or_default()
-}
-
-/// One claimed attempt: the handler, the heartbeat, and the recording of the answer.
-struct Attempt<St> {
-    store: Arc<St>,
-    config: Arc<Config>,
-    key: KeyHash,
-    token: FencingToken,
-    record: Arc<RequestRecord>,
-}
-
-impl<St: Store> Attempt<St> {
-    async fn execute<S, M, ReqBody, ResBody>(
-        self,
-        mut inner: S,
-        req: Request<ReqBody>,
-        attempt: M::Attempt,
-    ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-    where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        M: Mode<St>,
-        ResBody: Body<Data = Bytes>,
-        ResBody::Error: Into<BoxError>,
-    {
-        let work = AssertUnwindSafe(async {
-            let response = inner.call(req).await?;
-            let (parts, body) = response.into_parts();
-            // Trailers are kept with the body: gRPC's outcome (`grpc-status`) is in them.
-            let body: Result<(Bytes, http::HeaderMap), BoxError> = body
-                .collect()
-                .await
-                .map(|c| {
-                    let trailers = c.trailers().cloned().unwrap_or_default();
-                    (c.to_bytes(), trailers)
-                })
-                .map_err(Into::into);
-            Ok::<_, S::Error>((parts, body))
-        })
-        .catch_unwind();
-        let result = tokio::select! {
-            biased;
-            result = work => result,
-            never = self.heartbeat() => match never {},
-        };
-
-        let (parts, (body, trailers)) = match result {
-            Err(panic) => {
-                M::abandon(attempt).await;
-                self.release("the handler panicked").await;
-                std::panic::resume_unwind(panic);
-            }
-            Ok(Err(err)) => {
-                M::abandon(attempt).await;
-                self.release("the inner service returned an error").await;
-                return Err(err);
-            }
-            Ok(Ok((parts, Err(err)))) => {
-                M::abandon(attempt).await;
-                self.release("the response body failed").await;
-                return Ok(Response::from_parts(parts, ResponseBody::failed(err)));
-            }
-            Ok(Ok((parts, Ok(body)))) => (parts, body),
-        };
-
-        if !self
-            .config
-            .save
-            .should_save_response(parts.status, &parts.headers, &trailers)
-        {
-            M::abandon(attempt).await;
-            self.release(&format!(
-                "the answer (status {}{}) is not saved",
-                parts.status.as_u16(),
-                grpc_status_note(&parts.headers, &trailers)
-            ))
-            .await;
-            return Ok(Response::from_parts(
-                parts,
-                ResponseBody::with_trailers(body, trailers),
-            ));
-        }
-
-        let saved = StoredResponse::new(
-            parts.status,
-            record::saved_headers(&parts.headers),
-            body.clone(),
-        )
-        .with_trailers(trailers.clone());
-        let finish = M::finish(&self.store, attempt, &self.key, self.token, &saved);
-        match observe::timed(self.store.name(), "complete", finish).await {
-            Ok(Fenced::Applied) => self.record.finish(Outcome::Saved, &"answer saved"),
-            Ok(Fenced::Lost) if M::TRANSACTIONAL => {
-                self.record.finish(Outcome::FencedOut, &"the lease was taken over before the commit; the work was rolled back: 409");
-                return Ok(reject(Rejection::LeaseLost {
-                    retry_after: self.config.lease,
-                }));
-            }
-            Ok(Fenced::Lost) => self.record.finish(
-                Outcome::FencedOut,
-                &"the lease was taken over before the answer was saved; the answer is sent but not saved",
-            ),
-            Err(err) if M::TRANSACTIONAL => {
-                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: 503", observe::Chain(&err)));
-                self.release("the commit failed").await;
-                return Ok(reject(Rejection::StoreUnavailable {
-                    retry_after: STORE_RETRY_AFTER,
-                }));
-            }
-            Err(err) => self.record.finish(
-                Outcome::StoreError,
-                &format_args!("saving the answer failed: {}; the answer is sent but not saved, and a retry after the lease runs the handler again", observe::Chain(&err)),
-            ),
-        }
-        Ok(Response::from_parts(
-            parts,
-            ResponseBody::with_trailers(body, trailers),
-        ))
-    }
-
-    /// Renew the lease every third of it, forever; the caller drops this when the work ends.
-    async fn heartbeat(&self) -> std::convert::Infallible {
-        let period = self.config.heartbeat();
-        let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            let renew = self.store.renew(&self.key, self.token, self.config.lease);
-            match observe::timed(self.store.name(), "renew", renew).await {
-                Ok(Fenced::Applied) => observe::renewed(),
-                Ok(Fenced::Lost) => {
-                    observe::record(
-                        Outcome::FencedOut,
-                        &"the lease was lost while the handler ran; its answer will not be saved",
-                    );
-                    return std::future::pending().await;
-                }
-                Err(err) => observe::record(
-                    Outcome::StoreError,
-                    &format_args!(
-                        "renewing the lease failed: {}; trying again next beat",
-                        observe::Chain(&err)
-                    ),
-                ),
-            }
-        }
-    }
-
-    async fn release(&self, why: &str) {
-        let release = self.store.release(&self.key, self.token);
-        match observe::timed(self.store.name(), "release", release).await {
-            Ok(Fenced::Applied) => self
-                .record
-                .finish(Outcome::Released, &format_args!("key released: {why}")),
-            Ok(Fenced::Lost) => self.record.finish(
-                Outcome::FencedOut,
-                &format_args!("key not released ({why}): the lease was already taken over"),
-            ),
-            Err(err) => self.record.finish(
-                Outcome::StoreError,
-                &format_args!(
-                    "releasing the key failed ({why}): {}; it frees when the lease lapses",
-                    observe::Chain(&err)
-                ),
-            ),
         }
     }
 }
