@@ -432,31 +432,43 @@ where
             record.finish(Outcome::Replayed, &"replaying the saved answer");
             Ok(record::replay(saved))
         }
-        Err(err) if layer.config.fail_open => {
-            record.finish(
-                Outcome::FailOpen,
-                &format_args!(
-                    "store failed ({}); calling the handler without idempotency (fail-open)",
-                    observe::Chain(&err)
-                ),
-            );
-            let Prepared { parts, bytes, .. } = prepared;
-            pass_through(
-                inner,
-                Request::from_parts(parts, RequestBody::buffered(bytes)),
-            )
-            .await
-        }
-        Err(err) => {
-            record.finish(
-                Outcome::StoreError,
-                &format_args!("store failed: {}; answering 503", observe::Chain(&err)),
-            );
-            Ok(reject(Rejection::StoreUnavailable {
-                retry_after: STORE_RETRY_AFTER,
-            }))
-        }
+        Err(err) => store_failed(inner, &layer.config, prepared, &err, &record).await,
     }
+}
+
+/// The store could not claim: 503 (fail closed), or with fail-open the handler without a claim.
+async fn store_failed<S, ReqBody, ResBody>(
+    inner: S,
+    config: &Config,
+    prepared: Prepared,
+    err: &StoreError,
+    record: &RequestRecord,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+{
+    if !config.fail_open {
+        record.finish(
+            Outcome::StoreError,
+            &format_args!("store failed: {}; answering 503", observe::Chain(err)),
+        );
+        return Ok(reject(Rejection::StoreUnavailable {
+            retry_after: STORE_RETRY_AFTER,
+        }));
+    }
+    record.finish(
+        Outcome::FailOpen,
+        &format_args!(
+            "store failed ({}); calling the handler without idempotency (fail-open)",
+            observe::Chain(err)
+        ),
+    );
+    let Prepared { parts, bytes, .. } = prepared;
+    pass_through(
+        inner,
+        Request::from_parts(parts, RequestBody::buffered(bytes)),
+    )
+    .await
 }
 
 /// The key is ours: hand the request to the handler as a [`ClaimedRun`], which a client
