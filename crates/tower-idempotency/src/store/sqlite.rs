@@ -23,9 +23,11 @@
 //!
 //! # Atomicity
 //!
-//! Every operation is one SQL statement, and SQLite runs one writing statement at a time. A claim
-//! is one `INSERT .. ON CONFLICT (key) DO UPDATE .. RETURNING ..` that decides every outcome and
-//! returns the record as it stands afterwards, claimed or not. Time is SQLite's clock
+//! Every write is one SQL statement, and SQLite runs one writing statement at a time. A claim
+//! runs at most two: a read-only `SELECT` answers the common losing cases (replays, duplicates
+//! in flight, mismatches) without a write; otherwise one `INSERT .. ON CONFLICT (key) DO UPDATE ..
+//! RETURNING ..` decides every outcome and returns the record as it stands afterwards, claimed or
+//! not (a record that changed between the two is judged by that second statement alone). Time is SQLite's clock
 //! (`julianday('now')`), in milliseconds since the Unix epoch, never the application's.
 //!
 //! # Migrations
