@@ -1,26 +1,20 @@
 //! Wait-mode notifications: one pub/sub connection shared by the clones of a store.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, MutexGuard},
-};
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 use redis::RedisResult;
 use tokio::sync::{oneshot, Notify};
 
+use crate::store::waiters::{Waiter, Waiters};
+
 /// Wait-mode notifications: one pub/sub connection, a [`Notify`] per channel with waiters.
 pub(super) struct Notifier {
     client: redis::Client,
-    waiters: Arc<Mutex<HashMap<String, Waiters>>>,
+    waiters: Arc<Waiters<String>>,
     /// The live connection. Also serialises `SUBSCRIBE` and `UNSUBSCRIBE`, so that an
     /// unsubscribe for a channel that lost its last waiter cannot overtake a new subscribe.
     link: tokio::sync::Mutex<Option<Link>>,
-}
-
-struct Waiters {
-    notify: Arc<Notify>,
-    count: usize,
 }
 
 /// A pub/sub connection and the task dispatching its messages.
@@ -33,15 +27,14 @@ struct Link {
 /// One waiter's interest in a channel; the channel is unsubscribed when the last one drops.
 pub(super) struct Registration {
     notifier: Arc<Notifier>,
-    channel: String,
-    pub(super) notify: Arc<Notify>,
+    waiter: Option<Waiter<String>>,
 }
 
-fn lock(waiters: &Mutex<HashMap<String, Waiters>>) -> MutexGuard<'_, HashMap<String, Waiters>> {
-    // The map stays consistent whatever panicked while holding the lock.
-    waiters
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+impl Registration {
+    /// Woken when the channel carries a message, or when the connection is lost.
+    pub(super) fn notify(&self) -> &Notify {
+        &self.waiter.as_ref().expect("present until drop").notify
+    }
 }
 
 impl Notifier {
@@ -54,18 +47,9 @@ impl Notifier {
     }
 
     pub(super) fn register(this: &Arc<Self>, channel: &str) -> Registration {
-        let mut waiters = lock(&this.waiters);
-        let entry = waiters
-            .entry(channel.to_owned())
-            .or_insert_with(|| Waiters {
-                notify: Arc::new(Notify::new()),
-                count: 0,
-            });
-        entry.count += 1;
         Registration {
             notifier: Arc::clone(this),
-            channel: channel.to_owned(),
-            notify: Arc::clone(&entry.notify),
+            waiter: Some(this.waiters.register(channel.to_owned())),
         }
     }
 
@@ -100,9 +84,7 @@ impl Notifier {
                 tokio::select! {
                     message = stream.next() => match message {
                         Some(message) => {
-                            if let Some(entry) = lock(&waiters).get(message.get_channel_name()) {
-                                entry.notify.notify_waiters();
-                            }
+                            waiters.wake(&message.get_channel_name().to_owned());
                         }
                         None => break,
                     },
@@ -111,9 +93,7 @@ impl Notifier {
             }
             // The connection is gone: wake everyone so that they claim again (and resubscribe
             // on a new connection if they still have to wait).
-            for entry in lock(&waiters).values() {
-                entry.notify.notify_waiters();
-            }
+            waiters.wake_all();
         });
         Ok(Link { sink, _stop: stop })
     }
@@ -121,32 +101,17 @@ impl Notifier {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let last = {
-            let mut waiters = lock(&self.notifier.waiters);
-            match waiters.get_mut(&self.channel) {
-                Some(entry) if entry.count > 1 => {
-                    entry.count -= 1;
-                    false
-                }
-                Some(_) => {
-                    waiters.remove(&self.channel);
-                    true
-                }
-                None => false,
-            }
-        };
-        if !last {
+        let Some(channel) = self.waiter.take().and_then(Waiter::unregister) else {
             return;
-        }
+        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let notifier = Arc::clone(&self.notifier);
-        let channel = std::mem::take(&mut self.channel);
         runtime.spawn(async move {
             let mut link = notifier.link.lock().await;
             // A waiter that registered meanwhile has subscribed (or will, after this lock).
-            if lock(&notifier.waiters).contains_key(&channel) {
+            if notifier.waiters.is_watched(&channel) {
                 return;
             }
             if let Some(current) = link.as_mut() {

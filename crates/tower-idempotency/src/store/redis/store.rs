@@ -283,7 +283,7 @@ impl Store for RedisStore {
         };
         let channel = self.channel(key);
         let registration = Notifier::register(notifier, &channel);
-        let notified = registration.notify.notified();
+        let notified = registration.notify().notified();
         tokio::pin!(notified);
         // From here on a `notify_waiters` reaches this waiter even before it is polled.
         notified.as_mut().enable();
