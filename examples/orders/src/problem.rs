@@ -51,25 +51,28 @@ impl DbFault {
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Protocol(_) => DbFault::Unavailable,
-            sqlx::Error::Database(db) => match db.code() {
-                // SQLite reports a numeric result code; the primary code is the low byte.
-                Some(code) => match code.parse::<u32>() {
-                    Ok(sqlite) => match sqlite & 0xff {
+            sqlx::Error::Database(db) => {
+                if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                    let code = pg.code();
+                    if code.starts_with("22") || code.starts_with("23") {
+                        DbFault::Input
+                    } else if ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c))
+                        || code == "55P03"
+                    {
+                        DbFault::Unavailable
+                    } else {
+                        DbFault::Server
+                    }
+                } else {
+                    // SQLite: a numeric result code; the primary code is the low byte.
+                    let code = db.code().and_then(|c| c.parse::<u32>().ok()).unwrap_or(0);
+                    match code & 0xff {
                         18 | 19 | 20 | 25 => DbFault::Input,
                         5 | 6 | 7 | 10 | 13 | 14 | 15 => DbFault::Unavailable,
                         _ => DbFault::Server,
-                    },
-                    Err(_) if code.starts_with("22") || code.starts_with("23") => DbFault::Input,
-                    Err(_)
-                        if ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c))
-                            || code == "55P03" =>
-                    {
-                        DbFault::Unavailable
                     }
-                    Err(_) => DbFault::Server,
-                },
-                None => DbFault::Server,
-            },
+                }
+            }
             _ => DbFault::Server,
         }
     }

@@ -389,12 +389,30 @@ impl StoreError {
 /// The kind of a database error, from its SQLSTATE (PostgreSQL) or result code (SQLite).
 #[cfg(feature = "sqlx")]
 fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
-    let Some(code) = err.code() else {
-        return StoreErrorKind::Backend;
-    };
-    // SQLite reports its (extended) result code as a number; the primary code is the low byte.
-    if let Ok(sqlite) = code.parse::<u32>() {
-        return match sqlite & 0xff {
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = err.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return match pg.code() {
+            // serialization_failure, deadlock_detected
+            "40001" | "40P01" => StoreErrorKind::Conflict,
+            // connection exceptions (class 08), insufficient resources (class 53), operator
+            // intervention (class 57: query_canceled by statement_timeout, admin_shutdown,
+            // cannot_connect_now...), lock_not_available (lock_timeout)
+            c if c.starts_with("08") || c.starts_with("53") || c.starts_with("57") => {
+                StoreErrorKind::Unavailable
+            }
+            "55P03" => StoreErrorKind::Unavailable,
+            _ => StoreErrorKind::Backend,
+        };
+    }
+    #[cfg(feature = "sqlite")]
+    if err
+        .try_downcast_ref::<sqlx::sqlite::SqliteError>()
+        .is_some()
+    {
+        // SQLite reports its (extended) result code as a number; the primary code is the low
+        // byte.
+        let code = err.code().and_then(|c| c.parse::<u32>().ok()).unwrap_or(0);
+        return match code & 0xff {
             // BUSY, LOCKED: another connection holds the lock past the busy timeout.
             5 | 6 => StoreErrorKind::Conflict,
             // NOMEM, IOERR, FULL (disk), CANTOPEN, PROTOCOL
@@ -402,18 +420,8 @@ fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
             _ => StoreErrorKind::Backend,
         };
     }
-    match code.as_ref() {
-        // serialization_failure, deadlock_detected
-        "40001" | "40P01" => StoreErrorKind::Conflict,
-        // connection exceptions (class 08), insufficient resources (class 53), operator
-        // intervention (class 57: query_canceled by statement_timeout, admin_shutdown,
-        // cannot_connect_now...), lock_not_available (lock_timeout)
-        c if c.starts_with("08") || c.starts_with("53") || c.starts_with("57") => {
-            StoreErrorKind::Unavailable
-        }
-        "55P03" => StoreErrorKind::Unavailable,
-        _ => StoreErrorKind::Backend,
-    }
+    let _ = err;
+    StoreErrorKind::Backend
 }
 
 #[cfg(feature = "sqlx")]
