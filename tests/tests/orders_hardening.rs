@@ -324,3 +324,31 @@ async fn database_errors_say_whose_fault_they_are() {
         .expect("one side is a deadlock victim");
     assert_eq!(kind(deadlock), StoreErrorKind::Conflict);
 }
+
+/// With `max_in_flight_orders = 1`, two orders with different keys run one after the other (the
+/// second waits, its body unread), and both are created.
+#[tokio::test(flavor = "multi_thread")]
+async fn orders_beyond_the_in_flight_cap_wait_their_turn() {
+    let db = sqlite().await;
+    let config = Config {
+        payment_latency: Duration::from_millis(700),
+        max_in_flight_orders: 1,
+        ..Config::default()
+    };
+    let base = serve(db.clone(), config).await;
+    let started = Instant::now();
+    let (a, b) = tokio::join!(
+        send(post(&base, "cap-a", Some("application/json"), BODY)),
+        send(post(&base, "cap-b", Some("application/json"), BODY)),
+    );
+    let took = started.elapsed();
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(
+        took >= Duration::from_millis(1400),
+        "two 700 ms orders with one permit took {took:?}: they ran at once"
+    );
+    assert_eq!(count_orders(&db).await, 2);
+}
