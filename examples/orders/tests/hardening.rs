@@ -524,3 +524,46 @@ async fn postgres_sigterm_lets_running_handlers_finish_and_be_recorded() {
     let url = fresh_postgres().await;
     sigterm_lets_running_handlers_finish_and_be_recorded(&url).await;
 }
+
+/// A `customerId` cannot forge a log line: control characters are refused (400) before anything
+/// is logged, and what is logged (`customer_id` of a created order) is escaped, so even a
+/// Unicode line separator appears as `\u{2028}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn customer_ids_cannot_forge_log_lines() {
+    let db = SqliteFile::new();
+    let server = start(&db.url(), &[]).await;
+    let send = |key: &'static str, customer: &'static str| {
+        let body = serde_json::json!({"customerId": customer, "totalCents": 1}).to_string();
+        client()
+            .post(format!("{}/orders", server.base()))
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    let refused = send("forge-1", "c_1\nFORGED ERROR admin logged in")
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::BAD_REQUEST);
+    let created = send("forge-2", "c_2\u{2028}FORGED2 \" quoted")
+        .await
+        .unwrap();
+    assert_eq!(created.status(), reqwest::StatusCode::CREATED);
+    // The "order created" line is written before the answer; wait for it (bounded).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.logged().contains("order created") {
+        assert!(Instant::now() < deadline, "no `order created` line");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = server.logged();
+    assert!(
+        log.lines()
+            .all(|line| !line.trim_start().starts_with("FORGED")),
+        "{log}"
+    );
+    assert!(
+        !log.contains('\u{2028}'),
+        "a raw line separator was logged: {log}"
+    );
+    assert!(log.contains(r"c_2\u{2028}FORGED2"), "{log}");
+}
