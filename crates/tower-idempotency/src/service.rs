@@ -527,7 +527,7 @@ impl<St: Store> Attempt<St> {
             }
             Ok(Ok((parts, Ok(body)))) => (parts, body),
         };
-        // The handler is done: a duplicate from now on is told "soon", not the typical time.
+        // The handler is done: its duration is recorded without the save that follows.
         drop(running);
 
         if parts.extensions.get::<NotProcessed>().is_some() {
