@@ -8,6 +8,7 @@ use crate::{
     fingerprint::{DefaultFingerprint, FingerprintFn},
     key::{AuthorizationScope, ScopeFn},
     record::{DefaultSavePolicy, SavePolicy},
+    retry_after::{Durations, RetryAfter},
 };
 
 /// The header the key is read from by default: `Idempotency-Key`.
@@ -20,6 +21,8 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The methods covered by default: POST and PATCH.
 pub const DEFAULT_METHODS: [Method; 2] = [Method::POST, Method::PATCH];
+/// How long reading a request body may take by default: 30 seconds.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// In wait mode, the longest pause between two claims when the store's notification does not
 /// arrive (a store without notifications, or one that was missed).
 pub const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -31,6 +34,7 @@ pub(crate) struct Config {
     pub(crate) required: bool,
     pub(crate) methods: Vec<Method>,
     pub(crate) body_limit: usize,
+    pub(crate) body_timeout: Duration,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) scope: Arc<dyn ScopeFn>,
@@ -38,6 +42,9 @@ pub(crate) struct Config {
     pub(crate) save: Arc<dyn SavePolicy>,
     pub(crate) wait: Option<Duration>,
     pub(crate) fail_open: bool,
+    pub(crate) retry_after: RetryAfter,
+    /// Shared by every clone of the layer, so the estimate learns from all of them.
+    pub(crate) durations: Arc<Durations>,
 }
 
 impl Default for Config {
@@ -47,6 +54,7 @@ impl Default for Config {
             required: true,
             methods: DEFAULT_METHODS.to_vec(),
             body_limit: DEFAULT_BODY_LIMIT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             scope: Arc::new(AuthorizationScope),
@@ -54,6 +62,8 @@ impl Default for Config {
             save: Arc::new(DefaultSavePolicy),
             wait: None,
             fail_open: false,
+            retry_after: RetryAfter::default(),
+            durations: Arc::default(),
         }
     }
 }

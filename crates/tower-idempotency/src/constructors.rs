@@ -5,7 +5,9 @@ use crate::layer::Idempotency;
 
 #[cfg(feature = "memory")]
 impl Idempotency<crate::store::MemoryStore> {
-    /// A layer over a new in-process [`MemoryStore`](crate::store::MemoryStore).
+    /// A layer over a new in-process [`MemoryStore`](crate::store::MemoryStore) of the default
+    /// capacity. Expired records are removed as new ones come in, so no
+    /// [`Sweeper`](crate::Sweeper) is needed.
     ///
     /// ```
     /// let layer = tower_idempotency::Idempotency::memory();

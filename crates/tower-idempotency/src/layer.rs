@@ -11,6 +11,7 @@ use crate::{
     key::ScopeFn,
     mode::{Mode, Standard},
     record::SavePolicy,
+    retry_after::RetryAfter,
     service::IdempotencyService,
     store::Store,
     sweeper::Sweeper,
@@ -41,12 +42,14 @@ use crate::{
 /// | key required | yes (400 when missing) | [`optional`](Self::optional) |
 /// | methods | POST, PATCH | [`with_methods`](Self::with_methods) |
 /// | body limit | 1 MiB (413 over it) | [`with_body_limit`](Self::with_body_limit) |
+/// | body read time | 30 s (408 over it) | [`with_body_timeout`](Self::with_body_timeout) |
 /// | retention | 24 h | [`with_ttl`](Self::with_ttl) |
 /// | lease | 30 s, renewed every 10 s | [`with_lease`](Self::with_lease) |
 /// | scope | hash of `Authorization` | [`with_scope`](Self::with_scope) |
 /// | fingerprint | method, path+query, canonical body | [`with_fingerprint`](Self::with_fingerprint), [`with_fingerprint_headers`](Self::with_fingerprint_headers) |
 /// | saved responses | all but 408, 425, 429, 503 | [`with_save_policy`](Self::with_save_policy) |
 /// | duplicate while in flight | 409 + `Retry-After` | [`wait_for_in_flight`](Self::wait_for_in_flight) |
+/// | `Retry-After` of that 409 | estimated from recent handler durations, 1 s to the lease left | [`with_retry_after`](Self::with_retry_after) |
 /// | store down | 503 + `Retry-After` | [`fail_open`](Self::fail_open) |
 pub struct Idempotency<St, M = Standard> {
     pub(crate) store: Arc<St>,
@@ -126,6 +129,22 @@ impl<St: Store, M> Idempotency<St, M> {
     /// ```
     pub fn with_body_limit(self, limit: usize) -> Self {
         self.map_config(|c| c.body_limit = limit)
+    }
+
+    /// Give up reading a request body after `timeout` (default 30 s) and answer 408 Request
+    /// Timeout; nothing is claimed, so the client can send the request again with the same key.
+    ///
+    /// This bounds what a client that sends its body slowly (or stops half-way) can hold: the
+    /// buffer and the task. Servers should also bound the time to read the request head (see
+    /// hyper's `header_read_timeout`). A zero `timeout` is raised to 1 ms.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let layer = tower_idempotency::Idempotency::memory().with_body_timeout(Duration::from_secs(10));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_body_timeout(self, timeout: Duration) -> Self {
+        self.map_config(|c| c.body_timeout = timeout.max(Duration::from_millis(1)))
     }
 
     /// Keep records for `ttl` after their claim (default 24 h). A key can be reused for a
@@ -232,6 +251,22 @@ impl<St: Store, M> Idempotency<St, M> {
         self.map_config(|c| c.wait = Some(max))
     }
 
+    /// Choose the `Retry-After` of the 409 a duplicate gets while the first attempt runs
+    /// (default [`RetryAfter::Estimate`]: when the running attempt should finish, judged from
+    /// recent handler durations on the same path). Always at least 1 s, never beyond the lease
+    /// left.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::RetryAfter;
+    /// let layer = tower_idempotency::Idempotency::memory()
+    ///     .with_retry_after(RetryAfter::Fixed(Duration::from_secs(2)));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_retry_after(self, retry_after: RetryAfter) -> Self {
+        self.map_config(|c| c.retry_after = retry_after)
+    }
+
     /// When the store cannot be reached, call the handler anyway (logging a warning) instead of
     /// answering 503.
     ///
@@ -299,10 +334,12 @@ impl<St: fmt::Debug, M> fmt::Debug for Idempotency<St, M> {
             .field("required", &c.required)
             .field("methods", &c.methods)
             .field("body_limit", &c.body_limit)
+            .field("body_timeout", &c.body_timeout)
             .field("ttl", &c.ttl)
             .field("lease", &c.lease)
             .field("wait", &c.wait)
             .field("fail_open", &c.fail_open)
+            .field("retry_after", &c.retry_after)
             .finish_non_exhaustive()
     }
 }

@@ -10,15 +10,17 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tower_service::Service;
 
-use super::{heartbeat, reject, STORE_RETRY_AFTER};
+use super::{heartbeat, reject, store_rejection};
 use crate::{
     body::ResponseBody,
     config::Config,
     error::Rejection,
     key::KeyHash,
     mode::Mode,
+    not_processed::NotProcessed,
     observe::{self, Outcome, RequestRecord},
     record,
+    retry_after::Running,
     store::{Fenced, FencingToken, Store, StoredResponse},
     BoxError,
 };
@@ -29,6 +31,8 @@ pub(super) struct ClaimedRun<St> {
     pub(super) config: Arc<Config>,
     pub(super) key: KeyHash,
     pub(super) token: FencingToken,
+    /// The request's path, for the Retry-After estimate of its duplicates.
+    pub(super) path: String,
     pub(super) record: Arc<RequestRecord>,
 }
 
@@ -39,7 +43,7 @@ impl<St: Store> ClaimedRun<St> {
     /// Run the handler (renewing the lease meanwhile), then save its answer, or release the key
     /// when there is nothing to save.
     pub(super) async fn execute<S, M, ReqBody, ResBody>(
-        self,
+        mut self,
         inner: S,
         req: Request<ReqBody>,
         mode_state: M::Attempt,
@@ -50,6 +54,12 @@ impl<St: Store> ClaimedRun<St> {
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
     {
+        let running = Running {
+            durations: self.config.durations.clone(),
+            key: self.key,
+            start: self.config.durations.started(self.key),
+            path: std::mem::take(&mut self.path),
+        };
         let result = tokio::select! {
             biased;
             result = AssertUnwindSafe(call_handler(inner, req)).catch_unwind() => result,
@@ -72,6 +82,17 @@ impl<St: Store> ClaimedRun<St> {
             }
             Ok(Ok((parts, Ok(body)))) => (parts, body),
         };
+        // The handler is done: its duration is recorded without the save that follows.
+        drop(running);
+
+        if parts.extensions.get::<NotProcessed>().is_some() {
+            let why = "the handler marked its answer NotProcessed";
+            self.give_up::<M>(mode_state, why).await;
+            return Ok(Response::from_parts(
+                parts,
+                ResponseBody::with_trailers(body, trailers),
+            ));
+        }
         let policy = &self.config.save;
         if !policy.should_save_response(parts.status, &parts.headers, &trailers) {
             let why = format!(
@@ -115,11 +136,10 @@ impl<St: Store> ClaimedRun<St> {
                 &"the lease was taken over before the answer was saved; the answer is sent but not saved",
             ),
             Err(err) if M::TRANSACTIONAL => {
-                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: 503", observe::Chain(&err)));
+                let rejection = store_rejection(&err);
+                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: {}", observe::Chain(&err), rejection.status().as_u16()));
                 self.release("the commit failed").await;
-                return Some(Rejection::StoreUnavailable {
-                    retry_after: STORE_RETRY_AFTER,
-                });
+                return Some(rejection);
             }
             Err(err) => self.record.finish(
                 Outcome::StoreError,

@@ -27,7 +27,7 @@ use crate::{
     mode::{Mode, Standard},
     observe::{self, Outcome, RequestRecord},
     record,
-    store::{Claim, ClaimOutcome, FencingToken, Store, StoreError},
+    store::{Claim, ClaimOutcome, FencingToken, Store, StoreError, StoreErrorKind},
     BoxError, RequestBody,
 };
 
@@ -40,6 +40,22 @@ use finish_on_drop::FinishOnDrop;
 
 /// How long a client is told to wait when the store is unavailable.
 const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Claims tried when the store reports a conflict (serialization failure, deadlock) before
+/// answering 503.
+const CLAIM_ATTEMPTS: u32 = 3;
+
+/// The answer to a store error: 503 for what a retry can cure, 500 for what needs an operator.
+fn store_rejection(err: &StoreError) -> Rejection {
+    match err.kind() {
+        StoreErrorKind::Full => Rejection::StoreFull {
+            retry_after: STORE_RETRY_AFTER,
+        },
+        _ if err.is_transient() => Rejection::StoreUnavailable {
+            retry_after: STORE_RETRY_AFTER,
+        },
+        _ => Rejection::StoreFailed,
+    }
+}
 
 /// The middleware produced by [`Idempotency`](crate::Idempotency). See the crate docs for the request flow.
 pub struct IdempotencyService<S, St, M = Standard> {
@@ -373,15 +389,22 @@ where
             note: "the declared body is over the limit: 413",
         });
     }
-    match Limited::new(body, config.body_limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.is::<LengthLimitError>() => Err(Refusal {
+    let read = Limited::new(body, config.body_limit).collect();
+    match tokio::time::timeout(config.body_timeout, read).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(err)) if err.is::<LengthLimitError>() => Err(Refusal {
             rejection: too_large(),
             note: "the body is over the limit: 413",
         }),
-        Err(_) => Err(Refusal {
+        Ok(Err(_)) => Err(Refusal {
             rejection: Rejection::UnreadableBody,
             note: "the body could not be read: 400",
+        }),
+        Err(_elapsed) => Err(Refusal {
+            rejection: Rejection::BodyTimeout {
+                timeout: config.body_timeout,
+            },
+            note: "the body did not arrive within the body timeout: 408",
         }),
     }
 }
@@ -417,9 +440,13 @@ where
                 Outcome::InFlight,
                 &"the first attempt is still running: 409",
             );
-            Ok(reject(Rejection::InFlight {
-                retry_after: lease_remaining,
-            }))
+            let retry_after = layer.config.durations.retry_after(
+                layer.config.retry_after,
+                &prepared.key_hash,
+                prepared.parts.uri.path(),
+                lease_remaining,
+            );
+            Ok(reject(Rejection::InFlight { retry_after }))
         }
         Ok(ClaimOutcome::Mismatch) => {
             record.finish(
@@ -436,7 +463,8 @@ where
     }
 }
 
-/// The store could not claim: 503 (fail closed), or with fail-open the handler without a claim.
+/// The store could not claim: 503 or 500 (fail closed), or with fail-open the handler without a
+/// claim.
 async fn store_failed<S, ReqBody, ResBody>(
     inner: S,
     config: &Config,
@@ -448,13 +476,16 @@ where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
 {
     if !config.fail_open {
+        let rejection = store_rejection(err);
         record.finish(
             Outcome::StoreError,
-            &format_args!("store failed: {}; answering 503", observe::Chain(err)),
+            &format_args!(
+                "store failed: {}; answering {}",
+                observe::Chain(err),
+                rejection.status().as_u16()
+            ),
         );
-        return Ok(reject(Rejection::StoreUnavailable {
-            retry_after: STORE_RETRY_AFTER,
-        }));
+        return Ok(reject(rejection));
     }
     record.finish(
         Outcome::FailOpen,
@@ -506,6 +537,7 @@ where
         key_hash,
         ..
     } = prepared;
+    let path = parts.uri.path().to_owned();
     parts.extensions.insert(key);
     let mode_state = M::start(&layer.store, &mut parts.extensions);
     let req = Request::from_parts(parts, RequestBody::buffered(bytes));
@@ -514,6 +546,7 @@ where
         config: layer.config.clone(),
         key: key_hash,
         token,
+        path,
         record,
     };
     // If the client disconnects and this future is dropped, the run is handed to the runtime:
@@ -536,9 +569,22 @@ async fn claim<St: Store, M>(
     let claim = Claim::new(key, fingerprint, token, config.lease, config.ttl);
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut waited = false;
+    let mut conflicts = 0;
     loop {
-        let outcome =
-            observe::timed(layer.store.name(), "claim", layer.store.claim(&claim)).await?;
+        let outcome = match observe::timed(layer.store.name(), "claim", layer.store.claim(&claim))
+            .await
+        {
+            // Nothing was written: the same claim again is expected to go through.
+            Err(err)
+                if err.kind() == StoreErrorKind::Conflict && conflicts + 1 < CLAIM_ATTEMPTS =>
+            {
+                conflicts += 1;
+                tracing::debug!(target: "tower_idempotency", error = %observe::Chain(&err), conflicts, "the claim conflicted with a concurrent one; claiming again");
+                tokio::time::sleep(Duration::from_millis(5 << conflicts)).await;
+                continue;
+            }
+            result => result?,
+        };
         let now = Instant::now();
         match (outcome, deadline) {
             (ClaimOutcome::InFlight { lease_remaining }, Some(deadline)) if now < deadline => {
@@ -567,7 +613,13 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::store::MemoryStore;
+    use crate::{not_processed::NotProcessed, store::MemoryStore, Idempotency};
+
+    impl<S, St, M> IdempotencyService<S, St, M> {
+        fn from_layer(inner: S, layer: Idempotency<St, M>) -> Self {
+            Self::from_parts(inner, layer.store.clone(), layer.config.clone())
+        }
+    }
 
     fn counting_service(
         count: Arc<AtomicUsize>,
@@ -636,6 +688,142 @@ mod tests {
             assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         }
         assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_not_processed_answer_releases_the_key() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let count = count.clone();
+            tower::service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
+                let count = count.clone();
+                async move {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    let mut response = Response::new(Full::new(body.clone()));
+                    if body == "bad" {
+                        *response.status_mut() = StatusCode::BAD_REQUEST;
+                        response.extensions_mut().insert(NotProcessed);
+                    } else {
+                        *response.status_mut() = StatusCode::CREATED;
+                    }
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            })
+        };
+        let service = IdempotencyService::new(handler, MemoryStore::new());
+        let refused = service.clone().oneshot(post("k", "bad")).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+        // The corrected body with the same key runs (no 422), and is then saved as usual.
+        let fixed = service.clone().oneshot(post("k", "good")).await.unwrap();
+        assert_eq!(fixed.status(), StatusCode::CREATED);
+        let retry = service.clone().oneshot(post("k", "good")).await.unwrap();
+        assert_eq!(retry.headers()[&crate::REPLAYED_HEADER], "true");
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    /// A request body that sends its first bytes, then stalls for ever (a slow client).
+    struct StallingBody {
+        first: Option<Bytes>,
+        stalls: bool,
+    }
+
+    impl Body for StallingBody {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            match self.first.take() {
+                Some(bytes) => Poll::Ready(Some(Ok(http_body::Frame::data(bytes)))),
+                None if self.stalls => Poll::Pending,
+                None => Poll::Ready(None),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_slower_than_the_timeout_gets_408_and_claims_nothing() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let count = count.clone();
+            tower::service_fn(move |_req: Request<RequestBody<StallingBody>>| {
+                count.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new()))) }
+            })
+        };
+        let layer = Idempotency::new(MemoryStore::new()).with_body_timeout(Duration::from_secs(5));
+        let store = layer.store().clone();
+        let service = IdempotencyService::from_layer(handler, layer);
+        let req = Request::post("/orders")
+            .header("idempotency-key", "k")
+            .body(StallingBody {
+                first: Some(Bytes::from_static(b"{\"a\":")),
+                stalls: true,
+            })
+            .unwrap();
+        let started = Instant::now();
+        let response = service.clone().oneshot(req).await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(
+            response.headers()[http::header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert!(store.is_empty(), "nothing was claimed");
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_of_a_duplicate_estimates_the_time_left() {
+        let handler = tower::service_fn(|_req: Request<RequestBody<Full<Bytes>>>| async {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+        });
+        let service = IdempotencyService::from_layer(handler, Idempotency::new(MemoryStore::new()));
+        // Teach the estimate: a few attempts of 4 s each.
+        for i in 0..20 {
+            service
+                .clone()
+                .oneshot(post(&format!("warm{i}"), ""))
+                .await
+                .unwrap();
+        }
+        let first = tokio::spawn(service.clone().oneshot(post("k", "")));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let duplicate = service.clone().oneshot(post("k", "")).await.unwrap();
+        assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+        // About 2.5 s left of a 4 s attempt, not the 30 s lease.
+        assert_eq!(duplicate.headers()[http::header::RETRY_AFTER], "3");
+        first.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_full_memory_store_answers_503_store_full() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let service = IdempotencyService::new(
+            counting_service(count.clone(), StatusCode::CREATED),
+            MemoryStore::with_capacity(16),
+        );
+        let mut full = None;
+        for i in 0..200 {
+            let response = service
+                .clone()
+                .oneshot(post(&format!("k{i}"), ""))
+                .await
+                .unwrap();
+            if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+                full = Some(response);
+                break;
+            }
+        }
+        let full = full.expect("a store of 16 records fills up");
+        assert!(full.headers().contains_key(http::header::RETRY_AFTER));
+        let json: serde_json::Value = serde_json::from_slice(&body_of(full).await).unwrap();
+        assert_eq!(json["title"], "Idempotency store full");
+        assert!(count.load(Ordering::SeqCst) <= 16);
     }
 
     #[test]
