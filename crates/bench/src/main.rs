@@ -55,6 +55,8 @@ use tower_idempotency::{
     Idempotency, IdempotencyTransaction,
 };
 
+mod wire;
+
 type BoxError = Box<dyn Error + Send + Sync>;
 
 /// Records are kept this long, so a bench run leaves nothing behind for a day in Redis.
@@ -529,6 +531,8 @@ struct Bench {
     args: Args,
     client: reqwest::Client,
     rows: Vec<Row>,
+    /// Round trips and statements per request, per PostgreSQL scenario.
+    counted: Vec<(String, f64, f64)>,
 }
 
 impl Bench {
@@ -652,29 +656,11 @@ impl Bench {
         let pool = bench_database(self.args.concurrency).await?;
         pool.execute("TRUNCATE bench_orders, idempotency_records")
             .await?;
-        let bare = serve(
-            Router::new()
-                .route("/orders", post(pg_create))
-                .with_state(pool.clone()),
-        )
-        .await?;
-        let transactional = serve(
-            Router::new()
-                .route("/orders", post(pg_create_tx))
-                .route_layer(
-                    Idempotency::postgres(pool.clone())
-                        .with_ttl(RECORD_TTL)
-                        .transactional(),
-                ),
-        )
-        .await?;
-        let standard = serve(
-            Router::new()
-                .route("/orders", post(pg_create))
-                .route_layer(Idempotency::postgres(pool.clone()).with_ttl(RECORD_TTL))
-                .with_state(pool.clone()),
-        )
-        .await?;
+        let PostgresServers {
+            bare,
+            transactional,
+            standard,
+        } = postgres_servers(&pool).await?;
         let mut scenarios = self
             .scenarios("postgres (transactional)", Some(&bare), &transactional)
             .await?;
@@ -683,9 +669,79 @@ impl Bench {
                 .await?,
         );
         self.group(scenarios).await;
+        self.count_postgres(&pool).await?;
         pool.execute("TRUNCATE bench_orders, idempotency_records")
             .await?;
         pool.close().await;
+        Ok(())
+    }
+
+    /// Round trips and statements per request of each PostgreSQL scenario, counted by a proxy
+    /// between a pool of its own and the server ([`wire`]), outside the timed runs.
+    async fn count_postgres(&mut self, pool: &PgPool) -> Result<(), BoxError> {
+        use sqlx::postgres::PgSslMode;
+        const REQUESTS: usize = 200;
+        let opts = pool.connect_options().as_ref().clone();
+        let upstream = tokio::net::lookup_host((opts.get_host(), opts.get_port()))
+            .await?
+            .next()
+            .ok_or("cannot resolve the PostgreSQL host")?;
+        let (proxy, counts) = wire::start(upstream).await?;
+        let counted_pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(
+                opts.host("127.0.0.1")
+                    .port(proxy.port())
+                    .ssl_mode(PgSslMode::Disable),
+            )
+            .await?;
+        let servers = postgres_servers(&counted_pool).await?;
+        let mut scenarios = vec![("postgres bare".to_owned(), servers.bare.clone(), false)];
+        for (mode, url) in [
+            ("transactional", &servers.transactional),
+            ("standard", &servers.standard),
+        ] {
+            scenarios.push((
+                format!("postgres ({mode}) first-time keys"),
+                url.clone(),
+                false,
+            ));
+            scenarios.push((format!("postgres ({mode}) replays"), url.clone(), true));
+        }
+        for (name, url, replay) in scenarios {
+            // Warm up: every connection prepares its statements.
+            let keys = create_keys(&self.client, &url, 40, 4).await?;
+            let before = counts.snapshot();
+            for i in 0..REQUESTS {
+                let key = if replay {
+                    keys[i % keys.len()].clone()
+                } else {
+                    uuid::Uuid::new_v4().to_string()
+                };
+                let response = self
+                    .client
+                    .post(&url)
+                    .header("Idempotency-Key", key)
+                    .header("Content-Type", "application/json")
+                    .body(BODY)
+                    .send()
+                    .await?;
+                if response.status() != StatusCode::CREATED {
+                    return Err(format!("{name}: answered {}", response.status()).into());
+                }
+                response.bytes().await?;
+            }
+            let used = counts.snapshot().since(&before);
+            let per = |n: u64| n as f64 / REQUESTS as f64;
+            eprintln!(
+                "  {name:<44} {:.2} round trips, {:.2} statements per request",
+                per(used.round_trips()),
+                per(used.statements())
+            );
+            self.counted
+                .push((name, per(used.round_trips()), per(used.statements())));
+        }
+        counted_pool.close().await;
         Ok(())
     }
 
@@ -758,6 +814,44 @@ impl Bench {
 
 fn ms(micros: u64) -> String {
     format!("{:.2} ms", micros as f64 / 1000.0)
+}
+
+/// The PostgreSQL servers of one pool: bare, and with the layer in each mode.
+struct PostgresServers {
+    bare: String,
+    transactional: String,
+    standard: String,
+}
+
+async fn postgres_servers(pool: &PgPool) -> Result<PostgresServers, BoxError> {
+    let bare = serve(
+        Router::new()
+            .route("/orders", post(pg_create))
+            .with_state(pool.clone()),
+    )
+    .await?;
+    let transactional = serve(
+        Router::new()
+            .route("/orders", post(pg_create_tx))
+            .route_layer(
+                Idempotency::postgres(pool.clone())
+                    .with_ttl(RECORD_TTL)
+                    .transactional(),
+            ),
+    )
+    .await?;
+    let standard = serve(
+        Router::new()
+            .route("/orders", post(pg_create))
+            .route_layer(Idempotency::postgres(pool.clone()).with_ttl(RECORD_TTL))
+            .with_state(pool.clone()),
+    )
+    .await?;
+    Ok(PostgresServers {
+        bare,
+        transactional,
+        standard,
+    })
 }
 
 /// A pool on a fresh SQLite file in the temp dir (WAL, `synchronous = NORMAL`, the usual
@@ -856,6 +950,7 @@ async fn main() -> ExitCode {
         args: args.clone(),
         client,
         rows: Vec::new(),
+        counted: Vec::new(),
     };
     let mut failed = false;
     for store in &args.stores {
@@ -878,6 +973,15 @@ async fn main() -> ExitCode {
         args.concurrency
     );
     print!("{}", bench.table());
+    if !bench.counted.is_empty() {
+        println!(
+            "\nPostgreSQL messages per request (counted by a proxy, outside the timed runs):\n"
+        );
+        println!("| scenario | round trips | statements |\n|---|---:|---:|");
+        for (name, round_trips, statements) in &bench.counted {
+            println!("| {name} | {round_trips:.2} | {statements:.2} |");
+        }
+    }
     if failed {
         ExitCode::FAILURE
     } else {
