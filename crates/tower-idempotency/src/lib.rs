@@ -87,6 +87,8 @@ mod mode;
 mod observe;
 mod record;
 mod service;
+#[cfg(feature = "postgres")]
+pub mod single_commit;
 pub mod store;
 pub mod sweeper;
 #[cfg(feature = "sqlx")]
@@ -103,6 +105,8 @@ pub use layer::{
 pub use mode::{Mode, Standard};
 pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
 pub use service::{IdempotencyService, ResponseFuture};
+#[cfg(feature = "postgres")]
+pub use single_commit::SingleCommit;
 pub use sweeper::Sweeper;
 #[cfg(feature = "sqlx")]
 pub use transaction::{IdempotencyTransaction, Transactional};

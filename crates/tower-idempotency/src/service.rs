@@ -246,7 +246,7 @@ where
     async move {
         let token = FencingToken::new();
         match claim(&layer, key_hash, fingerprint, token).await {
-            Ok(ClaimOutcome::Claimed { taken_over }) => {
+            Ok((ClaimOutcome::Claimed { taken_over }, claimed)) => {
                 if taken_over {
                     observe::record(
                         Outcome::TakenOver,
@@ -257,13 +257,14 @@ where
                 }
                 let mut parts = parts;
                 parts.extensions.insert(key);
-                let attempt = M::start(&layer.store, &mut parts.extensions);
+                let attempt = M::start(&layer.store, &mut parts.extensions, claimed);
                 let req = Request::from_parts(parts, ReqBody::from(bytes));
                 let run = Attempt {
                     store: layer.store.clone(),
                     config: layer.config.clone(),
                     key: key_hash,
                     token,
+                    leased: M::LEASED,
                 };
                 // If the client disconnects and this future is dropped, the attempt is handed to
                 // the runtime: the handler runs to the end and its answer is recorded.
@@ -273,7 +274,7 @@ where
                 )
                 .await
             }
-            Ok(ClaimOutcome::InFlight { lease_remaining }) => {
+            Ok((ClaimOutcome::InFlight { lease_remaining }, _)) => {
                 observe::record(
                     Outcome::InFlight,
                     &"the first attempt is still running: 409",
@@ -282,14 +283,14 @@ where
                     retry_after: lease_remaining,
                 }))
             }
-            Ok(ClaimOutcome::Mismatch) => {
+            Ok((ClaimOutcome::Mismatch, _)) => {
                 observe::record(
                     Outcome::Mismatch,
                     &"the key was first used for a different request: 422",
                 );
                 Ok(reject(Rejection::KeyReused))
             }
-            Ok(ClaimOutcome::Done(saved)) => {
+            Ok((ClaimOutcome::Done(saved), _)) => {
                 observe::record(Outcome::Replayed, &"replaying the saved answer");
                 Ok(record::replay(saved).map(ResponseBody::from_full))
             }
@@ -319,12 +320,12 @@ where
 }
 
 /// Claim once, or in wait mode keep claiming while the first attempt runs, up to the bound.
-async fn claim<St: Store, M>(
+async fn claim<St: Store, M: Mode<St>>(
     layer: &Idempotency<St, M>,
     key: KeyHash,
     fingerprint: Fingerprint,
     token: FencingToken,
-) -> Result<ClaimOutcome, crate::store::StoreError> {
+) -> Result<(ClaimOutcome, Option<M::Attempt>), crate::store::StoreError> {
     let config = &layer.config;
     let claim = Claim {
         key,
@@ -336,21 +337,22 @@ async fn claim<St: Store, M>(
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut waited = false;
     loop {
-        let outcome = layer.store.claim(&claim).await?;
+        let (outcome, claimed) = M::claim(&layer.store, &claim).await?;
         let now = Instant::now();
         match (outcome, deadline) {
             (ClaimOutcome::InFlight { lease_remaining }, Some(deadline)) if now < deadline => {
+                drop(claimed);
                 waited = true;
                 let pause = (deadline - now)
                     .min(lease_remaining)
                     .min(WAIT_POLL_INTERVAL);
-                layer.store.wait_for_change(&key, pause).await;
+                M::wait(&layer.store, &key, pause).await;
             }
             (outcome, _) => {
                 if waited {
                     observe::record(Outcome::Waited, &"waited for the first attempt");
                 }
-                return Ok(outcome);
+                return Ok((outcome, claimed));
             }
         }
     }
@@ -422,6 +424,8 @@ struct Attempt<St> {
     config: Arc<Config>,
     key: KeyHash,
     token: FencingToken,
+    /// Whether the claim holds a lease to renew and release (see [`Mode::LEASED`]).
+    leased: bool,
 }
 
 impl<St: Store> Attempt<St> {
@@ -451,7 +455,7 @@ impl<St: Store> Attempt<St> {
         let result = tokio::select! {
             biased;
             result = work => result,
-            never = self.heartbeat() => match never {},
+            never = self.heartbeat(), if self.leased => match never {},
         };
 
         let (parts, body) = match result {
@@ -544,6 +548,14 @@ impl<St: Store> Attempt<St> {
     }
 
     async fn release(&self, why: &str) {
+        if !self.leased {
+            // The claim was made in the rolled-back transaction: it is gone with it.
+            observe::record(
+                Outcome::Released,
+                &format_args!("key released with the rollback: {why}"),
+            );
+            return;
+        }
         match self.store.release(&self.key, self.token).await {
             Ok(Fenced::Applied) => {
                 observe::record(Outcome::Released, &format_args!("key released: {why}"))

@@ -132,6 +132,21 @@ impl<DB: sqlx::Database> fmt::Debug for TransactionGuard<DB> {
 }
 
 impl<DB: sqlx::Database> IdempotencyTransaction<DB> {
+    /// A transaction the layer has already begun (single-commit mode).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn open(tx: sqlx::Transaction<'static, DB>) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(TxState::Open(tx, None))),
+        }
+    }
+
+    /// The open transaction, for the layer's own statements before the handler runs.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) async fn open_guard(&self) -> Option<TransactionGuard<DB>> {
+        let state = self.state.clone().lock_owned().await;
+        matches!(&*state, TxState::Open(..)).then(|| TransactionGuard(state))
+    }
+
     fn new(begin: Begin<DB>) -> Self {
         Self {
             state: Arc::new(Mutex::new(TxState::NotBegun(begin))),
@@ -179,7 +194,11 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
     type Attempt = IdempotencyTransaction<St::Database>;
     const TRANSACTIONAL: bool = true;
 
-    fn start(store: &Arc<St>, extensions: &mut Extensions) -> Self::Attempt {
+    fn start(
+        store: &Arc<St>,
+        extensions: &mut Extensions,
+        _: Option<Self::Attempt>,
+    ) -> Self::Attempt {
         let tx = IdempotencyTransaction::new(Begin {
             pool: store.pool().clone(),
             statement: St::BEGIN,

@@ -95,6 +95,76 @@ const CLAIM_ATTEMPTS: usize = 8;
 /// How long after a failed start the listener is tried again; waiting sleeps meanwhile.
 const LISTENER_RETRY: Duration = Duration::from_secs(5);
 
+/// The claim statement, with extra CTEs first (`$lock`), a condition on the writes (`$gate`)
+/// and extra outcomes last (`$tail`): one text for both claims, checked by the compiler.
+macro_rules! claim_sql {
+    ($lock:literal, $gate:literal, $tail:literal) => {
+        concat!(
+            "\nWITH ",
+            $lock,
+            r#"
+live AS (
+    SELECT l.fingerprint, l.state, l.status, l.headers, l.body, l.lease_until
+    FROM idempotency_records AS l
+    WHERE l.key = $1
+      AND l.expires_at > now()
+      AND (l.fingerprint <> $2 OR l.state = 'done' OR l.lease_until > now())
+),
+claimed AS (
+    INSERT INTO idempotency_records AS r
+        (key, fingerprint, token, state, created_at, lease_until, expires_at)
+    SELECT
+        $1, $2, $3, 'running', now(),
+        now() + $4 * interval '1 millisecond',
+        now() + $5 * interval '1 millisecond'
+    WHERE NOT EXISTS (SELECT FROM live)"#,
+            $gate,
+            r#"
+    ON CONFLICT (key) DO UPDATE SET
+        fingerprint = EXCLUDED.fingerprint,
+        token       = EXCLUDED.token,
+        state       = 'running',
+        status      = NULL,
+        headers     = NULL,
+        body        = NULL,
+        lease_until = EXCLUDED.lease_until,
+        watched     = r.watched AND r.expires_at > now(),
+        created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
+        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
+    WHERE r.expires_at <= now()
+       OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
+    RETURNING r.created_at <> now() AS taken_over
+),
+existing AS (
+    SELECT e.fingerprint, e.state, e.status, e.headers, e.body, e.lease_until
+    FROM idempotency_records AS e
+    WHERE e.key = $1 AND NOT EXISTS (SELECT FROM live) AND NOT EXISTS (SELECT FROM claimed)"#,
+            $gate,
+            r#"
+    FOR SHARE
+),
+found AS (
+    SELECT * FROM live
+    UNION ALL
+    SELECT * FROM existing
+)
+SELECT 'claimed' AS outcome, taken_over, NULL::bigint AS lease_remaining_ms,
+       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
+FROM claimed
+UNION ALL
+SELECT CASE WHEN fingerprint <> $2 THEN 'mismatch'
+            WHEN state = 'done' THEN 'done'
+            ELSE 'in_flight' END,
+       false,
+       greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
+       status, headers, body
+FROM found"#,
+            $tail,
+            "\n"
+        )
+    };
+}
+
 /// Claim in one statement.
 ///
 /// `live` reads the record as this statement's snapshot sees it, without a lock. A live record
@@ -120,60 +190,22 @@ const LISTENER_RETRY: Duration = Duration::from_secs(5);
 /// One case remains: a row inserted by a transaction that committed after the snapshot. `ON
 /// CONFLICT` waits for it and sees it, but no read in this statement can: the statement returns
 /// no row, and [`PostgresStore::claim`] runs it again with a fresh snapshot.
-const CLAIM: &str = r#"
-WITH live AS (
-    SELECT l.fingerprint, l.state, l.status, l.headers, l.body, l.lease_until
-    FROM idempotency_records AS l
-    WHERE l.key = $1
-      AND l.expires_at > now()
-      AND (l.fingerprint <> $2 OR l.state = 'done' OR l.lease_until > now())
-),
-claimed AS (
-    INSERT INTO idempotency_records AS r
-        (key, fingerprint, token, state, created_at, lease_until, expires_at)
-    SELECT
-        $1, $2, $3, 'running', now(),
-        now() + $4 * interval '1 millisecond',
-        now() + $5 * interval '1 millisecond'
-    WHERE NOT EXISTS (SELECT FROM live)
-    ON CONFLICT (key) DO UPDATE SET
-        fingerprint = EXCLUDED.fingerprint,
-        token       = EXCLUDED.token,
-        state       = 'running',
-        status      = NULL,
-        headers     = NULL,
-        body        = NULL,
-        lease_until = EXCLUDED.lease_until,
-        watched     = r.watched AND r.expires_at > now(),
-        created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
-        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
-    WHERE r.expires_at <= now()
-       OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
-    RETURNING r.created_at <> now() AS taken_over
-),
-existing AS (
-    SELECT e.fingerprint, e.state, e.status, e.headers, e.body, e.lease_until
-    FROM idempotency_records AS e
-    WHERE e.key = $1 AND NOT EXISTS (SELECT FROM live) AND NOT EXISTS (SELECT FROM claimed)
-    FOR SHARE
-),
-found AS (
-    SELECT * FROM live
-    UNION ALL
-    SELECT * FROM existing
-)
-SELECT 'claimed' AS outcome, taken_over, NULL::bigint AS lease_remaining_ms,
-       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
-FROM claimed
+const CLAIM: &str = claim_sql!("", "", "");
+
+/// [`CLAIM`] inside the handler's transaction, for single-commit mode: the claim is gated by a
+/// transaction-scoped advisory lock on `$6` (the key hash's first eight bytes), taken without
+/// waiting. The lock is the "running" marker: it is held until the transaction commits or rolls
+/// back, and the uncommitted row is invisible to others. When another transaction holds it, the
+/// statement answers `in_flight` (unless a committed record answers first) and writes nothing,
+/// so a duplicate never waits on the uncommitted row.
+const CLAIM_LOCKED: &str = claim_sql!(
+    "lock AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($6) AS held),",
+    " AND (SELECT held FROM lock)",
+    "
 UNION ALL
-SELECT CASE WHEN fingerprint <> $2 THEN 'mismatch'
-            WHEN state = 'done' THEN 'done'
-            ELSE 'in_flight' END,
-       false,
-       greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
-       status, headers, body
-FROM found
-"#;
+SELECT 'in_flight', false, NULL, NULL, NULL, NULL
+WHERE NOT (SELECT held FROM lock) AND NOT EXISTS (SELECT FROM live)"
+);
 
 /// Extend the lease of the running record held with the token.
 const RENEW: &str = r#"
@@ -339,35 +371,13 @@ impl Store for PostgresStore {
                 .bind(millis(claim.ttl))
                 .fetch_optional(&self.inner.pool)
                 .await?;
-            let Some(row) = row else {
-                // Raced with an insert committed after this statement's snapshot: see CLAIM.
-                tracing::trace!(target: "tower_idempotency", "claim raced with a concurrent insert; claiming again");
-                continue;
-            };
-            let outcome: &str = row.try_get("outcome")?;
-            return match outcome {
-                "claimed" => Ok(ClaimOutcome::Claimed {
-                    taken_over: row.try_get("taken_over")?,
-                }),
-                "in_flight" => {
-                    let ms: Option<i64> = row.try_get("lease_remaining_ms")?;
-                    Ok(ClaimOutcome::InFlight {
-                        lease_remaining: remaining(ms),
-                    })
-                }
-                "mismatch" => Ok(ClaimOutcome::Mismatch),
-                "done" => Ok(ClaimOutcome::Done(saved_response(
-                    row.try_get("status")?,
-                    row.try_get("headers")?,
-                    row.try_get("body")?,
-                )?)),
-                _ => Err(StoreError::corrupt("the claim returned an unknown outcome")),
-            };
+            if let Some(row) = row {
+                return outcome_of(&row);
+            }
+            // Raced with an insert committed after this statement's snapshot: see CLAIM.
+            tracing::trace!(target: "tower_idempotency", "claim raced with a concurrent insert; claiming again");
         }
-        Err(StoreError::new(
-            StoreErrorKind::Backend,
-            "the claim kept racing with concurrent inserts",
-        ))
+        Err(raced())
     }
 
     async fn renew(
@@ -504,6 +514,63 @@ async fn notify_if_watched(
             Ok(Fenced::Applied)
         }
     }
+}
+
+impl PostgresStore {
+    /// [`CLAIM_LOCKED`] in the transaction on `conn` (single-commit mode).
+    pub(crate) async fn claim_in(
+        &self,
+        conn: &mut PgConnection,
+        claim: &Claim,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let mut lock_key = [0u8; 8];
+        lock_key.copy_from_slice(&claim.key.as_bytes()[..8]);
+        for _ in 0..CLAIM_ATTEMPTS {
+            let row = sqlx::query(CLAIM_LOCKED)
+                .bind(claim.key.as_bytes().as_slice())
+                .bind(claim.fingerprint.as_bytes().as_slice())
+                .bind(claim.token.as_uuid())
+                .bind(millis(claim.lease))
+                .bind(millis(claim.ttl))
+                .bind(i64::from_be_bytes(lock_key))
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(row) = row {
+                return outcome_of(&row);
+            }
+        }
+        Err(raced())
+    }
+}
+
+/// The outcome in a row of [`CLAIM`] or [`CLAIM_LOCKED`].
+fn outcome_of(row: &sqlx::postgres::PgRow) -> Result<ClaimOutcome, StoreError> {
+    let outcome: &str = row.try_get("outcome")?;
+    match outcome {
+        "claimed" => Ok(ClaimOutcome::Claimed {
+            taken_over: row.try_get("taken_over")?,
+        }),
+        "in_flight" => {
+            let ms: Option<i64> = row.try_get("lease_remaining_ms")?;
+            Ok(ClaimOutcome::InFlight {
+                lease_remaining: remaining(ms),
+            })
+        }
+        "mismatch" => Ok(ClaimOutcome::Mismatch),
+        "done" => Ok(ClaimOutcome::Done(saved_response(
+            row.try_get("status")?,
+            row.try_get("headers")?,
+            row.try_get("body")?,
+        )?)),
+        _ => Err(StoreError::corrupt("the claim returned an unknown outcome")),
+    }
+}
+
+fn raced() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Backend,
+        "the claim kept racing with concurrent inserts",
+    )
 }
 
 impl Idempotency<PostgresStore> {
