@@ -15,16 +15,21 @@
 //! - `hot key`: every worker sends the same key (a new one each round): one execution, then
 //!   replays, and 409 while the execution runs.
 //!
-//! Stores: `memory` and `redis` guard an in-memory handler (a push into a `Mutex<Vec>`);
-//! `postgres` guards a handler that INSERTs a row through the same pool, in transactional mode
-//! (the INSERT in the idempotency transaction) and in standard mode (the INSERT on the pool, as
-//! in the bare handler); `sqlite` does the same on a fresh SQLite file (WAL) in the temp dir,
-//! removed afterwards. `DATABASE_URL` and `REDIS_URL` are read from the environment; the
-//! PostgreSQL runs use their own database, `tower_idempotency_bench`, created if missing.
+//! Stores: `memory` and `redis` guard an in-memory handler (a push into a `Mutex<Vec>`); the
+//! `redis` group also has a second bare row, the same handler plus one Redis `SET` (the fair
+//! bare for a layer that adds Redis round trips). `postgres` guards a handler that INSERTs a row
+//! through the same pool, in transactional mode (the INSERT in the idempotency transaction),
+//! standard mode (the INSERT on the pool, as in the bare handler) and single-commit mode (claim,
+//! INSERT and saved answer in one transaction); after the timed runs it counts the round trips
+//! and statements per request of each PostgreSQL scenario through a counting proxy (`wire.rs`).
+//! `sqlite` does the same as transactional and standard on a fresh SQLite file (WAL) in the
+//! temp dir, removed afterwards. `DATABASE_URL` and `REDIS_URL` are read from the environment;
+//! the PostgreSQL runs use their own database, `tower_idempotency_bench`, created if missing.
 //!
 //! Options (the first three also as env: `BENCH_STORE`, `BENCH_SECONDS`, `BENCH_CONCURRENCY`):
 //! `--store` (default `all`), `--seconds` per scenario (default 5), `--concurrency` (default 32),
-//! `--keys` for the replay scenario (default 1000), `--rounds` (default 5).
+//! `--keys` for the replay scenario (default 1000), `--rounds` (default 5), `--preload N`
+//! records written into the PostgreSQL table before the runs (default 0).
 
 use std::{
     error::Error,
@@ -84,9 +89,12 @@ struct Args {
     concurrency: usize,
     keys: usize,
     rounds: u32,
+    /// Records written into the PostgreSQL table before the runs (an index that is not
+    /// cache-hot).
+    preload: u64,
 }
 
-const USAGE: &str = "usage: tower-idempotency-bench [--store postgres|sqlite|memory|redis|all] [--seconds N] [--concurrency N] [--keys N] [--rounds N]";
+const USAGE: &str = "usage: tower-idempotency-bench [--store postgres|sqlite|memory|redis|all] [--seconds N] [--concurrency N] [--keys N] [--rounds N] [--preload N]";
 
 impl Args {
     fn parse() -> Result<Self, String> {
@@ -95,6 +103,7 @@ impl Args {
         let mut concurrency = std::env::var("BENCH_CONCURRENCY").unwrap_or_else(|_| "32".into());
         let mut keys = "1000".to_owned();
         let mut rounds = "5".to_owned();
+        let mut preload = "0".to_owned();
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             let (name, inline) = match arg.split_once('=') {
@@ -107,6 +116,7 @@ impl Args {
                 "--concurrency" => &mut concurrency,
                 "--keys" => &mut keys,
                 "--rounds" => &mut rounds,
+                "--preload" => &mut preload,
                 "-h" | "--help" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
             };
@@ -150,12 +160,18 @@ impl Args {
             .ok()
             .filter(|r| (1..=100).contains(r))
             .ok_or_else(|| format!("--rounds must be 1 to 100, got {rounds:?}"))?;
+        let preload: u64 = preload
+            .parse()
+            .ok()
+            .filter(|p| *p <= 10_000_000)
+            .ok_or_else(|| format!("--preload must be 0 to 10000000, got {preload:?}"))?;
         Ok(Self {
             stores,
             duration: Duration::from_secs_f64(seconds),
             concurrency,
             keys,
             rounds,
+            preload,
         })
     }
 }
@@ -201,6 +217,38 @@ async fn memory_create(State(orders): State<Orders>, body: Bytes) -> Response {
         response
     };
     response
+}
+
+/// The in-memory handler plus one Redis write (`SET` of the order under a new key, expiring
+/// like the records): the fair bare for the Redis store, whose layer adds Redis round trips.
+async fn redis_create(
+    State((orders, redis, prefix)): State<(Orders, redis::aio::ConnectionManager, Arc<str>)>,
+    body: Bytes,
+) -> Response {
+    let order = match parse(&body) {
+        Ok(o) => o,
+        Err(status) => return status.into_response(),
+    };
+    let id = {
+        let mut orders = orders.lock().unwrap_or_else(|p| p.into_inner());
+        orders.push(NewOrder {
+            customer_id: order.customer_id.clone(),
+            total_cents: order.total_cents,
+        });
+        i64::try_from(orders.len()).unwrap_or(i64::MAX)
+    };
+    let mut redis = redis;
+    let written: Result<(), redis::RedisError> = redis::cmd("SET")
+        .arg(format!("{prefix}:order:{id}"))
+        .arg(&body[..])
+        .arg("EX")
+        .arg(RECORD_TTL.as_secs())
+        .query_async(&mut redis)
+        .await;
+    match written {
+        Ok(()) => created(id, &order),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
 }
 
 /// The database handlers: parse, INSERT, answer 201. `$on_pool` runs the INSERT on the pool
@@ -641,13 +689,31 @@ impl Bench {
         })?;
         let client = redis::Client::open(url.as_str())?;
         let prefix = format!("bench-{}", uuid::Uuid::new_v4().simple());
-        let store = RedisStore::connect(client).await?.with_prefix(prefix);
+        let manager = redis::aio::ConnectionManager::new(client.clone()).await?;
+        let store = RedisStore::connect(client)
+            .await?
+            .with_prefix(prefix.clone());
         let app = || Router::new().route("/orders", post(memory_create));
         let orders = Orders::default();
         let bare = serve(app().with_state(orders.clone())).await?;
+        let bare_write = serve(
+            Router::new()
+                .route("/orders", post(redis_create))
+                .with_state((orders.clone(), manager, Arc::from(prefix.as_str()))),
+        )
+        .await?;
         let layer = Idempotency::new(store).with_ttl(RECORD_TTL);
         let layered = serve(app().route_layer(layer).with_state(orders)).await?;
-        let scenarios = self.scenarios("redis", Some(&bare), &layered).await?;
+        let mut scenarios = self.scenarios("redis", Some(&bare), &layered).await?;
+        scenarios.insert(
+            1,
+            Scenario {
+                store: "redis",
+                name: "bare + 1 Redis write",
+                url: bare_write,
+                keys: Plan::Unique,
+            },
+        );
         self.group(scenarios).await;
         Ok(())
     }
@@ -656,16 +722,24 @@ impl Bench {
         let pool = bench_database(self.args.concurrency).await?;
         pool.execute("TRUNCATE bench_orders, idempotency_records")
             .await?;
+        if self.args.preload > 0 {
+            preload(&pool, self.args.preload).await?;
+        }
         let PostgresServers {
             bare,
             transactional,
             standard,
+            single_commit,
         } = postgres_servers(&pool).await?;
         let mut scenarios = self
             .scenarios("postgres (transactional)", Some(&bare), &transactional)
             .await?;
         scenarios.extend(
             self.scenarios("postgres (standard)", None, &standard)
+                .await?,
+        );
+        scenarios.extend(
+            self.scenarios("postgres (single commit)", None, &single_commit)
                 .await?,
         );
         self.group(scenarios).await;
@@ -700,6 +774,7 @@ impl Bench {
         for (mode, url) in [
             ("transactional", &servers.transactional),
             ("standard", &servers.standard),
+            ("single commit", &servers.single_commit),
         ] {
             scenarios.push((
                 format!("postgres ({mode}) first-time keys"),
@@ -821,6 +896,34 @@ struct PostgresServers {
     bare: String,
     transactional: String,
     standard: String,
+    single_commit: String,
+}
+
+/// Write `n` done records (keys nobody requests) in batches, then analyse the table, so the
+/// runs meet a large index that is not cache-hot.
+async fn preload(pool: &PgPool, n: u64) -> Result<(), BoxError> {
+    const BATCH: u64 = 100_000;
+    eprintln!("  preloading {n} records");
+    let mut done = 0;
+    while done < n {
+        let upto = (done + BATCH).min(n);
+        sqlx::query(
+            "INSERT INTO idempotency_records
+                 (key, fingerprint, token, state, status, headers, body,
+                  created_at, lease_until, expires_at)
+             SELECT sha256(int8send(k) || 'preload'::bytea), sha256('fp'::bytea),
+                    md5(k::text)::uuid, 'done', 201, ''::bytea, '{}'::bytea,
+                    now(), now(), now() + interval '1 day'
+             FROM generate_series($1::bigint, $2::bigint) AS k",
+        )
+        .bind(i64::try_from(done + 1)?)
+        .bind(i64::try_from(upto)?)
+        .execute(pool)
+        .await?;
+        done = upto;
+    }
+    pool.execute("VACUUM ANALYZE idempotency_records").await?;
+    Ok(())
 }
 
 async fn postgres_servers(pool: &PgPool) -> Result<PostgresServers, BoxError> {
@@ -847,10 +950,21 @@ async fn postgres_servers(pool: &PgPool) -> Result<PostgresServers, BoxError> {
             .with_state(pool.clone()),
     )
     .await?;
+    let single_commit = serve(
+        Router::new()
+            .route("/orders", post(pg_create_tx))
+            .route_layer(
+                Idempotency::postgres(pool.clone())
+                    .with_ttl(RECORD_TTL)
+                    .transactional_single_commit(),
+            ),
+    )
+    .await?;
     Ok(PostgresServers {
         bare,
         transactional,
         standard,
+        single_commit,
     })
 }
 
