@@ -10,7 +10,8 @@
 # SECONDS per run (default 10), ROUNDS (default 3), CLIENTS (default 32; pgbench -j 2).
 # SCRIPT: which scripts (default: every *.sql but schema.sql), in the order of the first round.
 #
-# Every script runs once per round with `pgbench -M prepared`, the order rotating each round,
+# Every script runs once per round with `pgbench -M prepared` (scripts named simple_*.sql with
+# `-M simple`: they send several statements in one query string), the order rotating each round,
 # so a change in the machine's load falls on every script alike. Prints tps (without the
 # initial connection time) per round, then the mean and its ratio to the first script's.
 set -euo pipefail
@@ -43,11 +44,13 @@ n=${#scripts[@]}
 for ((round = 0; round < rounds; round++)); do
   for ((i = 0; i < n; i++)); do
     script="${scripts[(i + round) % n]}"
-    tps=$(pgbench -n -M prepared -c "$clients" -j 2 -T "$seconds" -f "$script" "$db_url" 2>&1 |
+    mode=prepared
+    case "$script" in simple_*) mode=simple ;; esac
+    tps=$(pgbench -n -M "$mode" -c "$clients" -j 2 -T "$seconds" -f "$script" "$db_url" 2>&1 |
       sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p' || true)
     if [ -z "$tps" ]; then
       echo "pgbench failed on $script:" >&2
-      pgbench -n -M prepared -c 1 -t 1 -f "$script" "$db_url" >&2 || true
+      pgbench -n -M "$mode" -c 1 -t 1 -f "$script" "$db_url" >&2 || true
       exit 1
     fi
     results[$script]="${results[$script]:-} $tps"
@@ -55,7 +58,7 @@ for ((round = 0; round < rounds; round++)); do
   done
 done
 
-printf '\n%d clients, -M prepared, %s s per run, %d alternating rounds\n\n' "$clients" "$seconds" "$rounds"
+printf '\n%d clients, -M prepared (simple_*: -M simple), %s s per run, %d alternating rounds\n\n' "$clients" "$seconds" "$rounds"
 printf '| script | tps per round | mean | vs %s |\n|---|---|---:|---:|\n' "${scripts[0]}"
 first_mean=""
 for script in "${scripts[@]}"; do

@@ -60,6 +60,7 @@ use tower_idempotency::{
     Idempotency, IdempotencyTransaction,
 };
 
+mod chart;
 mod wire;
 
 type BoxError = Box<dyn Error + Send + Sync>;
@@ -86,15 +87,18 @@ enum StoreKind {
 struct Args {
     stores: Vec<StoreKind>,
     duration: Duration,
-    concurrency: usize,
+    /// Concurrent workers; every store runs once per value.
+    concurrency: Vec<usize>,
     keys: usize,
     rounds: u32,
     /// Records written into the PostgreSQL table before the runs (an index that is not
     /// cache-hot).
     preload: u64,
+    /// Where to write the SVG chart of requests/s against workers.
+    chart: Option<std::path::PathBuf>,
 }
 
-const USAGE: &str = "usage: tower-idempotency-bench [--store postgres|sqlite|memory|redis|all] [--seconds N] [--concurrency N] [--keys N] [--rounds N] [--preload N]";
+const USAGE: &str = "usage: tower-idempotency-bench [--store postgres|sqlite|memory|redis|all] [--seconds N] [--concurrency N[,N..]] [--keys N] [--rounds N] [--preload N] [--chart FILE.svg]";
 
 impl Args {
     fn parse() -> Result<Self, String> {
@@ -104,6 +108,7 @@ impl Args {
         let mut keys = "1000".to_owned();
         let mut rounds = "5".to_owned();
         let mut preload = "0".to_owned();
+        let mut chart = String::new();
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             let (name, inline) = match arg.split_once('=') {
@@ -117,6 +122,7 @@ impl Args {
                 "--keys" => &mut keys,
                 "--rounds" => &mut rounds,
                 "--preload" => &mut preload,
+                "--chart" => &mut chart,
                 "-h" | "--help" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
             };
@@ -145,11 +151,15 @@ impl Args {
             .ok()
             .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 600.0)
             .ok_or_else(|| format!("--seconds must be a number in (0, 600], got {seconds:?}"))?;
-        let concurrency: usize = concurrency
-            .parse()
-            .ok()
-            .filter(|c| (1..=1024).contains(c))
-            .ok_or_else(|| format!("--concurrency must be 1 to 1024, got {concurrency:?}"))?;
+        let concurrency: Vec<usize> = concurrency
+            .split(',')
+            .map(|c| c.trim().parse().ok().filter(|c| (1..=1024).contains(c)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                format!(
+                    "--concurrency must be 1 to 1024 (or a list: 8,32,128), got {concurrency:?}"
+                )
+            })?;
         let keys: usize = keys
             .parse()
             .ok()
@@ -172,6 +182,7 @@ impl Args {
             keys,
             rounds,
             preload,
+            chart: (!chart.is_empty()).then(|| chart.into()),
         })
     }
 }
@@ -569,6 +580,7 @@ impl Plan {
 }
 
 struct Row {
+    workers: usize,
     store: &'static str,
     scenario: &'static str,
     measured: Measured,
@@ -577,6 +589,8 @@ struct Row {
 
 struct Bench {
     args: Args,
+    /// The concurrency of the current pass.
+    workers: usize,
     client: reqwest::Client,
     rows: Vec<Row>,
     /// Round trips and statements per request, per PostgreSQL scenario.
@@ -594,28 +608,14 @@ impl Bench {
         let slice = self.args.duration / rounds;
         let warmup = (self.args.duration / 5).min(Duration::from_secs(1));
         for s in &scenarios {
-            drive(
-                &self.client,
-                &s.url,
-                &s.keys.keys(),
-                self.args.concurrency,
-                warmup,
-            )
-            .await;
+            drive(&self.client, &s.url, &s.keys.keys(), self.workers, warmup).await;
         }
         let mut totals: Vec<Measured> = scenarios.iter().map(|_| Measured::empty()).collect();
         for round in 0..rounds as usize {
             for i in 0..scenarios.len() {
                 let i = (i + round) % scenarios.len();
                 let s = &scenarios[i];
-                let m = drive(
-                    &self.client,
-                    &s.url,
-                    &s.keys.keys(),
-                    self.args.concurrency,
-                    slice,
-                )
-                .await;
+                let m = drive(&self.client, &s.url, &s.keys.keys(), self.workers, slice).await;
                 totals[i].merge(m);
             }
         }
@@ -631,6 +631,7 @@ impl Bench {
                 measured.mix()
             );
             self.rows.push(Row {
+                workers: self.workers,
                 store: s.store,
                 scenario: s.name,
                 measured,
@@ -646,8 +647,7 @@ impl Bench {
         bare: Option<&str>,
         layered: &str,
     ) -> Result<Vec<Scenario>, BoxError> {
-        let keys =
-            create_keys(&self.client, layered, self.args.keys, self.args.concurrency).await?;
+        let keys = create_keys(&self.client, layered, self.args.keys, self.workers).await?;
         let mut out = Vec::new();
         if let Some(bare) = bare {
             out.push(Scenario {
@@ -719,7 +719,8 @@ impl Bench {
     }
 
     async fn postgres(&mut self) -> Result<(), BoxError> {
-        let pool = bench_database(self.args.concurrency).await?;
+        let max_workers = self.args.concurrency.iter().copied().max().unwrap_or(32);
+        let pool = bench_database(max_workers).await?;
         pool.execute("TRUNCATE bench_orders, idempotency_records")
             .await?;
         if self.args.preload > 0 {
@@ -743,7 +744,9 @@ impl Bench {
                 .await?,
         );
         self.group(scenarios).await;
-        self.count_postgres(&pool).await?;
+        if self.workers == self.args.concurrency[0] {
+            self.count_postgres(&pool).await?;
+        }
         pool.execute("TRUNCATE bench_orders, idempotency_records")
             .await?;
         pool.close().await;
@@ -857,13 +860,45 @@ impl Bench {
         Ok(())
     }
 
+    /// Requests/s against workers: the bare rows and the first-time rows of every store and mode.
+    fn chart(&self) -> String {
+        let mut series: Vec<chart::Series> = Vec::new();
+        for row in &self.rows {
+            let bare = row.scenario.starts_with("bare");
+            if !bare && row.scenario != "first-time keys" {
+                continue;
+            }
+            let label = if bare {
+                format!("{} {}", row.store, row.scenario)
+            } else {
+                format!("{} first-time", row.store)
+            };
+            let point = (row.workers, row.measured.per_second());
+            match series.iter_mut().find(|s| s.label == label) {
+                Some(s) => s.points.push(point),
+                None => series.push(chart::Series {
+                    label,
+                    bare,
+                    points: vec![point],
+                }),
+            }
+        }
+        for s in &mut series {
+            s.points.sort_by_key(|p| p.0);
+        }
+        chart::svg(
+            "requests/s against concurrent workers (dashed: without the layer)",
+            &series,
+        )
+    }
+
     fn table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "| store | scenario | requests/s | p50 | p99 | vs bare (req/s) | answers |"
+            "| workers | store | scenario | requests/s | p50 | p99 | vs bare (req/s) | answers |"
         );
-        let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---|");
+        let _ = writeln!(out, "|---:|---|---|---:|---:|---:|---:|---|");
         for row in &self.rows {
             let m = &row.measured;
             let ratio = if row.bare_per_second > 0.0 {
@@ -873,7 +908,8 @@ impl Bench {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.0} | {} | {} | {} | {} |",
+                row.workers,
                 row.store,
                 row.scenario,
                 m.per_second(),
@@ -1045,7 +1081,7 @@ async fn main() -> ExitCode {
         }
     };
     let client = match reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency * 2)
+        .pool_max_idle_per_host(args.concurrency.iter().copied().max().unwrap_or(32) * 2)
         .timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
         .build()
@@ -1057,31 +1093,35 @@ async fn main() -> ExitCode {
         }
     };
     eprintln!(
-        "tower-idempotency bench: {:?} per scenario in {} rounds, {} concurrent workers, {} replay keys",
+        "tower-idempotency bench: {:?} per scenario in {} rounds, {:?} concurrent workers, {} replay keys",
         args.duration, args.rounds, args.concurrency, args.keys
     );
     let mut bench = Bench {
         args: args.clone(),
+        workers: args.concurrency[0],
         client,
         rows: Vec::new(),
         counted: Vec::new(),
     };
     let mut failed = false;
-    for store in &args.stores {
-        eprintln!("{store:?}:");
-        let result = match store {
-            StoreKind::Memory => bench.memory().await,
-            StoreKind::Redis => bench.redis().await,
-            StoreKind::Postgres => bench.postgres().await,
-            StoreKind::Sqlite => bench.sqlite().await,
-        };
-        if let Err(err) = result {
-            eprintln!("error: {store:?} bench failed: {err}");
-            failed = true;
+    for &workers in &args.concurrency {
+        bench.workers = workers;
+        for store in &args.stores {
+            eprintln!("{store:?}, {workers} workers:");
+            let result = match store {
+                StoreKind::Memory => bench.memory().await,
+                StoreKind::Redis => bench.redis().await,
+                StoreKind::Postgres => bench.postgres().await,
+                StoreKind::Sqlite => bench.sqlite().await,
+            };
+            if let Err(err) = result {
+                eprintln!("error: {store:?} bench failed: {err}");
+                failed = true;
+            }
         }
     }
     println!(
-        "{} s per scenario in {} alternating rounds, {} concurrent keep-alive workers, client and servers in one process on 127.0.0.1\n",
+        "{} s per scenario in {} alternating rounds, {:?} concurrent keep-alive workers, client and servers in one process on 127.0.0.1\n",
         args.duration.as_secs_f64(),
         args.rounds,
         args.concurrency
@@ -1094,6 +1134,15 @@ async fn main() -> ExitCode {
         println!("| scenario | round trips | statements |\n|---|---:|---:|");
         for (name, round_trips, statements) in &bench.counted {
             println!("| {name} | {round_trips:.2} | {statements:.2} |");
+        }
+    }
+    if let Some(path) = &args.chart {
+        match std::fs::write(path, bench.chart()) {
+            Ok(()) => eprintln!("chart written to {}", path.display()),
+            Err(err) => {
+                eprintln!("error: cannot write the chart to {}: {err}", path.display());
+                failed = true;
+            }
         }
     }
     if failed {
