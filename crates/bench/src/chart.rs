@@ -20,9 +20,9 @@ const LEFT: f64 = 80.0;
 const RIGHT: f64 = 330.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = 60.0;
-const COLORS: [&str; 10] = [
+const COLORS: [&str; 12] = [
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#bcbd22", "#17becf",
+    "#bcbd22", "#17becf", "#000000", "#a05d00",
 ];
 
 /// The chart as an SVG document.
@@ -33,11 +33,14 @@ pub fn svg(title: &str, series: &[Series]) -> String {
         .collect();
     workers.sort_unstable();
     workers.dedup();
-    let max_rps = series
+    let rps: Vec<f64> = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.1))
-        .fold(0.0_f64, f64::max);
-    let y_max = nice_ceiling(max_rps.max(1.0));
+        .filter(|r| *r > 0.0)
+        .collect();
+    // Requests/s on a log scale too: the stores differ by an order of magnitude.
+    let y_min = decade_floor(rps.iter().copied().fold(f64::INFINITY, f64::min).min(1e9));
+    let y_max = decade_ceiling(rps.iter().copied().fold(1.0_f64, f64::max)).max(y_min * 10.0);
     let plot_w = WIDTH - LEFT - RIGHT;
     let plot_h = HEIGHT - TOP - BOTTOM;
     // Workers on a log scale, evenly spaced when they are powers of a common factor.
@@ -52,7 +55,10 @@ pub fn svg(title: &str, series: &[Series]) -> String {
             LEFT + plot_w / 2.0
         }
     };
-    let y = |rps: f64| TOP + plot_h - rps / y_max * plot_h;
+    let y = |rps: f64| {
+        let rps = rps.max(y_min);
+        TOP + plot_h - (rps.ln() - y_min.ln()) / (y_max.ln() - y_min.ln()) * plot_h
+    };
 
     let mut out = String::new();
     let _ = writeln!(
@@ -65,17 +71,29 @@ pub fn svg(title: &str, series: &[Series]) -> String {
         LEFT + plot_w / 2.0,
         escape(title)
     );
-    for i in 0..=5 {
-        let v = y_max * f64::from(i) / 5.0;
-        let _ = writeln!(
-            out,
-            r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + plot_w,
-            LEFT - 8.0,
-            y(v) + 4.0,
-            v.round(),
-            y = y(v),
-        );
+    let mut decade = y_min;
+    while decade <= y_max * 1.0001 {
+        for (i, m) in [1.0, 2.0, 5.0].into_iter().enumerate() {
+            let v = decade * m;
+            if v > y_max * 1.0001 {
+                break;
+            }
+            let _ = writeln!(
+                out,
+                r##"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="{}"/>"##,
+                LEFT + plot_w,
+                if i == 0 { "#ccc" } else { "#eee" },
+                y = y(v),
+            );
+            let _ = writeln!(
+                out,
+                r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
+                LEFT - 8.0,
+                y(v) + 4.0,
+                v.round(),
+            );
+        }
+        decade *= 10.0;
     }
     for &w in &workers {
         let _ = writeln!(
@@ -88,7 +106,7 @@ pub fn svg(title: &str, series: &[Series]) -> String {
     }
     let _ = writeln!(
         out,
-        r#"<text x="{}" y="{}" text-anchor="middle">concurrent workers</text><text transform="translate(20 {}) rotate(-90)" text-anchor="middle">requests/s</text>"#,
+        r#"<text x="{}" y="{}" text-anchor="middle">concurrent workers (log scale)</text><text transform="translate(20 {}) rotate(-90)" text-anchor="middle">requests/s (log scale)</text>"#,
         LEFT + plot_w / 2.0,
         HEIGHT - 15.0,
         TOP + plot_h / 2.0
@@ -133,14 +151,14 @@ pub fn svg(title: &str, series: &[Series]) -> String {
     out
 }
 
-/// 1, 2 or 5 times a power of ten, at least `v`.
-fn nice_ceiling(v: f64) -> f64 {
-    let magnitude = 10f64.powf(v.log10().floor());
-    [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * magnitude)
-        .find(|c| *c >= v)
-        .unwrap_or(10.0 * magnitude)
+/// The power of ten at or below `v`.
+fn decade_floor(v: f64) -> f64 {
+    10f64.powf(v.max(1.0).log10().floor())
+}
+
+/// The power of ten at or above `v`.
+fn decade_ceiling(v: f64) -> f64 {
+    10f64.powf(v.max(1.0).log10().ceil())
 }
 
 fn escape(text: &str) -> String {
