@@ -49,7 +49,7 @@
 //!   attempt runs again at once.
 //!
 //! Details: a duplicate's `Retry-After` is 1 s (there is no lease to estimate from); wait mode
-//! polls every [`WAIT_POLL_INTERVAL`](crate::WAIT_POLL_INTERVAL) (an uncommitted claim cannot be
+//! polls every [`WAIT_POLL_INTERVAL`] (an uncommitted claim cannot be
 //! watched); replays and other answers that are not a claim cost a `BEGIN` more than in the other
 //! modes. The advisory lock key is the first 8 bytes of the key's SHA-256 hash: an application
 //! that takes advisory locks of its own on `bigint` keys shares that space (a collision makes a
