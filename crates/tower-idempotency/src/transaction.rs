@@ -35,6 +35,12 @@
 //!   client gets 409 with `Retry-After`;
 //! - a response that is not saved (408, 425, 429, 503 by default), an inner service error and a
 //!   panic roll the transaction back and release the key.
+//!
+//! On PostgreSQL, a handler whose work is all in the database (no slow call before its writes)
+//! can also make the claim inside that transaction and commit once:
+//! [`transactional_single_commit`](crate::Idempotency::transactional_single_commit) (see
+//! `single_commit`). On SQLite the transaction begins with `BEGIN IMMEDIATE` and waits its turn
+//! behind the store's other writes in this process (see the SQLite store's docs).
 
 use std::{fmt, sync::Arc};
 
