@@ -37,21 +37,21 @@ async fn two_instances() -> (PostgresStore, PostgresStore) {
 fn claim() -> Claim {
     let mut key = [0u8; 32];
     key[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-    Claim {
-        key: KeyHash(key),
-        fingerprint: Fingerprint::of(&[b"POST", b"/orders", b"{}"]),
-        token: FencingToken::new(),
-        lease: Duration::from_secs(30),
-        ttl: Duration::from_secs(600),
-    }
+    Claim::new(
+        KeyHash(key),
+        Fingerprint::of(&[b"POST", b"/orders", b"{}"]),
+        FencingToken::new(),
+        Duration::from_secs(30),
+        Duration::from_secs(600),
+    )
 }
 
 fn response() -> StoredResponse {
-    StoredResponse {
-        status: StatusCode::CREATED,
-        headers: HeaderMap::new(),
-        body: Bytes::from_static(b"{}"),
-    }
+    StoredResponse::new(
+        StatusCode::CREATED,
+        HeaderMap::new(),
+        Bytes::from_static(b"{}"),
+    )
 }
 
 /// Whether a waiter has marked the record.

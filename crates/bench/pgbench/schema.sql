@@ -1,8 +1,8 @@
 -- The tables the pgbench scripts write: migrations 0001 and 0002 of the PostgreSQL store, the
 -- bench handler's orders, and 10,000 saved answers for the replay scripts (keys 1 to 10000).
 DROP TABLE IF EXISTS idempotency_records, bench_orders;
-\ir ../../../migrations/postgres/0001_idempotency_records.sql
-\ir ../../../migrations/postgres/0002_watched.sql
+\ir ../../tower-idempotency/migrations/postgres/0001_idempotency_records.sql
+\ir ../../tower-idempotency/migrations/postgres/0002_watched.sql
 CREATE TABLE bench_orders (
     id          bigserial PRIMARY KEY,
     customer_id text      NOT NULL,

@@ -31,11 +31,11 @@
 //! sqlx's advisory lock, so several instances may call it at start-up at once.
 //!
 //! If you run your own migrations instead, this is the schema the store expects
-//! (`migrations/postgres/0001_idempotency_records.sql`, included here verbatim):
+//! (`migrations/postgres/0001_idempotency_records.sql` and `0002_watched.sql`, included here verbatim):
 //!
 //! ```sql
-#![doc = include_str!("../../../../migrations/postgres/0001_idempotency_records.sql")]
-#![doc = include_str!("../../../../migrations/postgres/0002_watched.sql")]
+#![doc = include_str!("../../migrations/postgres/0001_idempotency_records.sql")]
+#![doc = include_str!("../../migrations/postgres/0002_watched.sql")]
 //! ```
 //!
 //! # Waiting
@@ -336,15 +336,14 @@ fn migrator() -> Migrator {
             1,
             "idempotency records".into(),
             MigrationType::Simple,
-            include_str!("../../../../migrations/postgres/0001_idempotency_records.sql")
-                .into_sql_str(),
+            include_str!("../../migrations/postgres/0001_idempotency_records.sql").into_sql_str(),
             false,
         ),
         Migration::new(
             2,
             "watched records".into(),
             MigrationType::Simple,
-            include_str!("../../../../migrations/postgres/0002_watched.sql").into_sql_str(),
+            include_str!("../../migrations/postgres/0002_watched.sql").into_sql_str(),
             false,
         ),
     ]);
@@ -361,6 +360,10 @@ impl fmt::Debug for PostgresStore {
 }
 
 impl Store for PostgresStore {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         for _ in 0..CLAIM_ATTEMPTS {
             let row = sqlx::query(CLAIM)
