@@ -65,6 +65,8 @@ mod observe;
 mod record;
 mod retry_after;
 mod service;
+#[cfg(feature = "postgres")]
+pub mod single_commit;
 pub mod store;
 pub mod sweeper;
 #[cfg(feature = "sqlx")]
@@ -86,6 +88,8 @@ pub use observe::describe_metrics;
 pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
 pub use retry_after::RetryAfter;
 pub use service::{IdempotencyService, ResponseFuture};
+#[cfg(feature = "postgres")]
+pub use single_commit::SingleCommit;
 pub use sweeper::Sweeper;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]

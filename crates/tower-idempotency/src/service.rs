@@ -329,7 +329,7 @@ where
     {
         let token = FencingToken::new();
         match claim(&layer, key_hash, fingerprint, token).await {
-            Ok(ClaimOutcome::Claimed { taken_over }) => {
+            Ok((ClaimOutcome::Claimed { taken_over }, claimed)) => {
                 if taken_over {
                     observe::record(
                         Outcome::TakenOver,
@@ -340,13 +340,14 @@ where
                 }
                 let mut parts = parts;
                 parts.extensions.insert(key);
-                let attempt = M::start(&layer.store, &mut parts.extensions);
+                let attempt = M::start(&layer.store, &mut parts.extensions, claimed);
                 let req = Request::from_parts(parts, RequestBody::buffered(bytes));
                 let run = Attempt {
                     store: layer.store.clone(),
                     config: layer.config.clone(),
                     key: key_hash,
                     token,
+                    leased: M::LEASED,
                     path: path.clone(),
                     record: record.clone(),
                 };
@@ -358,7 +359,7 @@ where
                 )
                 .await
             }
-            Ok(ClaimOutcome::InFlight { lease_remaining }) => {
+            Ok((ClaimOutcome::InFlight { lease_remaining }, _)) => {
                 record.finish(
                     Outcome::InFlight,
                     &"the first attempt is still running: 409",
@@ -371,14 +372,14 @@ where
                 );
                 Ok(reject(Rejection::InFlight { retry_after }))
             }
-            Ok(ClaimOutcome::Mismatch) => {
+            Ok((ClaimOutcome::Mismatch, _)) => {
                 record.finish(
                     Outcome::Mismatch,
                     &"the key was first used for a different request: 422",
                 );
                 Ok(reject(Rejection::KeyReused))
             }
-            Ok(ClaimOutcome::Done(saved)) => {
+            Ok((ClaimOutcome::Done(saved), _)) => {
                 record.finish(Outcome::Replayed, &"replaying the saved answer");
                 Ok(record::replay(saved))
             }
@@ -413,20 +414,24 @@ where
 }
 
 /// Claim once, or in wait mode keep claiming while the first attempt runs, up to the bound.
-async fn claim<St: Store, M>(
+async fn claim<St: Store, M: Mode<St>>(
     layer: &Idempotency<St, M>,
     key: KeyHash,
     fingerprint: Fingerprint,
     token: FencingToken,
-) -> Result<ClaimOutcome, crate::store::StoreError> {
+) -> Result<(ClaimOutcome, Option<M::Attempt>), crate::store::StoreError> {
     let config = &layer.config;
     let claim = Claim::new(key, fingerprint, token, config.lease, config.ttl);
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut waited = false;
     let mut conflicts = 0;
     loop {
-        let outcome = match observe::timed(layer.store.name(), "claim", layer.store.claim(&claim))
-            .await
+        let (outcome, claimed) = match observe::timed(
+            layer.store.name(),
+            "claim",
+            M::claim(&layer.store, &claim),
+        )
+        .await
         {
             // Nothing was written: the same claim again is expected to go through.
             Err(err)
@@ -442,17 +447,18 @@ async fn claim<St: Store, M>(
         let now = Instant::now();
         match (outcome, deadline) {
             (ClaimOutcome::InFlight { lease_remaining }, Some(deadline)) if now < deadline => {
+                drop(claimed);
                 waited = true;
                 let pause = (deadline - now)
                     .min(lease_remaining)
                     .min(WAIT_POLL_INTERVAL);
-                layer.store.wait_for_change(&key, pause).await;
+                M::wait(&layer.store, &key, pause).await;
             }
             (outcome, _) => {
                 if waited {
                     observe::record(Outcome::Waited, &"waited for the first attempt");
                 }
-                return Ok(outcome);
+                return Ok((outcome, claimed));
             }
         }
     }
@@ -534,6 +540,8 @@ struct Attempt<St> {
     config: Arc<Config>,
     key: KeyHash,
     token: FencingToken,
+    /// Whether the claim holds a lease to renew and release (see [`Mode::LEASED`]).
+    leased: bool,
     path: String,
     record: Arc<RequestRecord>,
 }
@@ -575,7 +583,7 @@ impl<St: Store> Attempt<St> {
         let result = tokio::select! {
             biased;
             result = work => result,
-            never = self.heartbeat() => match never {},
+            never = self.heartbeat(), if self.leased => match never {},
         };
 
         let (parts, (body, trailers)) = match result {
@@ -692,6 +700,14 @@ impl<St: Store> Attempt<St> {
     }
 
     async fn release(&self, why: &str) {
+        if !self.leased {
+            // The claim was made in the rolled-back transaction: it is gone with it.
+            self.record.finish(
+                Outcome::Released,
+                &format_args!("key released with the rollback: {why}"),
+            );
+            return;
+        }
         let release = self.store.release(&self.key, self.token);
         match observe::timed(self.store.name(), "release", release).await {
             Ok(Fenced::Applied) => self
