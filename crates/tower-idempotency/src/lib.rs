@@ -89,6 +89,7 @@ mod record;
 mod service;
 pub mod store;
 pub mod sweeper;
+mod timeout;
 #[cfg(feature = "sqlx")]
 pub mod transaction;
 
@@ -98,7 +99,7 @@ pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyHash, Scope};
 pub use layer::{
     Idempotency, DEFAULT_BODY_LIMIT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS,
-    DEFAULT_TTL, WAIT_POLL_INTERVAL,
+    DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
 };
 pub use mode::{Mode, Standard};
 pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};

@@ -8,6 +8,7 @@ use http::Extensions;
 use crate::{
     key::KeyHash,
     store::{Fenced, FencingToken, Store, StoreError, StoredResponse},
+    timeout::bounded,
 };
 
 mod sealed {
@@ -30,7 +31,8 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     fn start(store: &Arc<St>, extensions: &mut Extensions) -> Self::Attempt;
 
-    /// Save the handler's response for `key` if the record still carries `token`.
+    /// Save the handler's response for `key` if the record still carries `token`; each store
+    /// call is bounded by `limit` (the store timeout).
     #[doc(hidden)]
     fn finish(
         store: &St,
@@ -38,11 +40,12 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
-    /// Undo the attempt's uncommitted work (the response is not saved).
+    /// Undo the attempt's uncommitted work (the response is not saved), within `limit`.
     #[doc(hidden)]
-    fn abandon(attempt: Self::Attempt) -> impl Future<Output = ()> + Send;
+    fn abandon(attempt: Self::Attempt, limit: Duration) -> impl Future<Output = ()> + Send;
 }
 
 /// The default mode: the response is saved with one store write after the handler answers.
@@ -71,10 +74,12 @@ impl<St: Store> Mode<St> for Standard {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> Result<Fenced, StoreError> {
         let mut attempt = 1;
         loop {
-            match store.complete(key, token, response).await {
+            let saved = bounded("the save", limit, store.complete(key, token, response));
+            match saved.await {
                 Err(err) if attempt < COMPLETE_ATTEMPTS => {
                     tracing::warn!(target: "tower_idempotency", key = %key, error = %crate::observe::Chain(&err), attempt, "saving the response failed; retrying");
                     tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
@@ -85,5 +90,5 @@ impl<St: Store> Mode<St> for Standard {
         }
     }
 
-    async fn abandon((): ()) {}
+    async fn abandon((): (), _: Duration) {}
 }

@@ -29,6 +29,7 @@ use crate::{
     observe::{self, Outcome},
     record,
     store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoredResponse},
+    timeout::bounded,
     BoxError,
 };
 
@@ -336,7 +337,14 @@ async fn claim<St: Store, M>(
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut waited = false;
     loop {
-        let outcome = layer.store.claim(&claim).await?;
+        let outcome =
+            match bounded("the claim", config.store_timeout, layer.store.claim(&claim)).await {
+                Ok(outcome) => outcome,
+                Err(err) => {
+                    release_in_background(layer, key, token);
+                    return Err(err);
+                }
+            };
         let now = Instant::now();
         match (outcome, deadline) {
             (ClaimOutcome::InFlight { lease_remaining }, Some(deadline)) if now < deadline => {
@@ -354,6 +362,37 @@ async fn claim<St: Store, M>(
             }
         }
     }
+}
+
+/// After a failed claim (a timeout, a cut connection), the claim may still have landed: release it,
+/// fenced by our token so nothing else is touched, so that a retry need not wait for the lease to
+/// lapse. In the background, because the client's 503 should not wait for a store in trouble.
+fn release_in_background<St: Store, M>(
+    layer: &Idempotency<St, M>,
+    key: KeyHash,
+    token: FencingToken,
+) {
+    let store = layer.store.clone();
+    let limit = layer.config.store_timeout;
+    tokio::spawn(
+        async move {
+            match bounded("the release", limit, store.release(&key, token)).await {
+                Ok(Fenced::Applied) => observe::record(
+                    Outcome::Released,
+                    &"the failed claim had landed after all: key released",
+                ),
+                Ok(Fenced::Lost) => {}
+                Err(err) => observe::record(
+                    Outcome::StoreError,
+                    &format_args!(
+                        "releasing after a failed claim failed: {}; if the claim landed, the key frees when the lease lapses",
+                        observe::Chain(&err)
+                    ),
+                ),
+            }
+        }
+        .in_current_span(),
+    );
 }
 
 /// Polls an attempt in place, and if dropped before it completes (the client went away), spawns
@@ -456,17 +495,17 @@ impl<St: Store> Attempt<St> {
 
         let (parts, body) = match result {
             Err(panic) => {
-                M::abandon(attempt).await;
+                M::abandon(attempt, self.config.store_timeout).await;
                 self.release("the handler panicked").await;
                 std::panic::resume_unwind(panic);
             }
             Ok(Err(err)) => {
-                M::abandon(attempt).await;
+                M::abandon(attempt, self.config.store_timeout).await;
                 self.release("the inner service returned an error").await;
                 return Err(err);
             }
             Ok(Ok((parts, Err(err)))) => {
-                M::abandon(attempt).await;
+                M::abandon(attempt, self.config.store_timeout).await;
                 self.release("the response body failed").await;
                 return Ok(Response::from_parts(parts, ResponseBody::failed(err)));
             }
@@ -474,7 +513,7 @@ impl<St: Store> Attempt<St> {
         };
 
         if !self.config.save.should_save(parts.status) {
-            M::abandon(attempt).await;
+            M::abandon(attempt, self.config.store_timeout).await;
             self.release(&format!("status {} is not saved", parts.status.as_u16()))
                 .await;
             return Ok(Response::from_parts(parts, ResponseBody::full(body)));
@@ -485,7 +524,8 @@ impl<St: Store> Attempt<St> {
             headers: record::saved_headers(&parts.headers),
             body: body.clone(),
         };
-        match M::finish(&self.store, attempt, &self.key, self.token, &saved).await {
+        let limit = self.config.store_timeout;
+        match M::finish(&self.store, attempt, &self.key, self.token, &saved, limit).await {
             Ok(Fenced::Applied) => observe::record(Outcome::Saved, &"answer saved"),
             Ok(Fenced::Lost) if M::TRANSACTIONAL => {
                 observe::record(Outcome::FencedOut, &"the lease was taken over before the commit; the work was rolled back: 409");
@@ -519,11 +559,8 @@ impl<St: Store> Attempt<St> {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticks.tick().await;
-            match self
-                .store
-                .renew(&self.key, self.token, self.config.lease)
-                .await
-            {
+            let renew = self.store.renew(&self.key, self.token, self.config.lease);
+            match bounded("the renewal", self.config.store_timeout, renew).await {
                 Ok(Fenced::Applied) => observe::renewed(),
                 Ok(Fenced::Lost) => {
                     observe::record(
@@ -544,7 +581,8 @@ impl<St: Store> Attempt<St> {
     }
 
     async fn release(&self, why: &str) {
-        match self.store.release(&self.key, self.token).await {
+        let release = self.store.release(&self.key, self.token);
+        match bounded("the release", self.config.store_timeout, release).await {
             Ok(Fenced::Applied) => {
                 observe::record(Outcome::Released, &format_args!("key released: {why}"))
             }
