@@ -11,6 +11,7 @@
 //! | [`black_hole`](FaultProxy::black_hole) | connections stay open but nothing is forwarded, both ways; new connections are accepted and held silent |
 //! | [`refuse`](FaultProxy::refuse) | the target looks down: current connections are cut and new ones are closed as soon as they are accepted |
 //! | [`restore`](FaultProxy::restore) | forward normally again, no latency; connections that lost bytes in a black hole are cut |
+//! | [`cut_at`](FaultProxy::cut_at) | once: cut the connection that sends a chunk containing a pattern (say `COMMIT`), before the chunk reaches the target or just before its answer comes back |
 //!
 //! Each command is a plain method (no `.await`), so a test can drive the proxy from any thread.
 //! Every task of the proxy stops when it is dropped.
@@ -41,8 +42,8 @@ use std::{
     fmt, io,
     net::SocketAddr,
     sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc, Mutex,
     },
     time::Duration,
 };
@@ -73,12 +74,43 @@ struct State {
     cuts: u64,
 }
 
-/// Counts shared by the proxy and its tasks.
+/// Where [`FaultProxy::cut_at`] cuts the connection that sent the pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutPoint {
+    /// The chunk carrying the pattern never reaches the target.
+    BeforeSending,
+    /// The chunk reaches the target; the target's next answer on that connection is dropped and
+    /// the connection cut. (For a `COMMIT`: the transaction commits, the client never learns it.)
+    BeforeTheAnswer,
+}
+
+/// Counts and the one-shot trigger, shared by the proxy and its tasks.
 #[derive(Debug, Default)]
 struct Counters {
     open: AtomicUsize,
     accepted: AtomicUsize,
     cut: AtomicUsize,
+    trigger: Mutex<Option<(Vec<u8>, CutPoint)>>,
+    fired: AtomicUsize,
+}
+
+impl Counters {
+    /// Take the trigger if `chunk` contains its pattern.
+    fn fire(&self, chunk: &[u8]) -> Option<CutPoint> {
+        let mut trigger = self.trigger.lock().unwrap_or_else(|e| e.into_inner());
+        let (pattern, point) = trigger.as_ref()?;
+        if pattern.is_empty()
+            || !chunk
+                .windows(pattern.len())
+                .any(|w| w == pattern.as_slice())
+        {
+            return None;
+        }
+        let point = *point;
+        *trigger = None;
+        self.fired.fetch_add(1, Ordering::SeqCst);
+        Some(point)
+    }
 }
 
 /// A TCP proxy on `127.0.0.1` whose faults the test controls. See the [crate docs](crate).
@@ -179,6 +211,21 @@ impl FaultProxy {
         });
     }
 
+    /// Once: cut the first connection that sends a chunk containing `pattern`, at `point`. Other
+    /// connections are untouched. Replaces a trigger that has not fired yet.
+    pub fn cut_at(&self, pattern: impl Into<Vec<u8>>, point: CutPoint) {
+        *self
+            .counters
+            .trigger
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((pattern.into(), point));
+    }
+
+    /// How many [`cut_at`](Self::cut_at) triggers have fired.
+    pub fn triggers_fired(&self) -> usize {
+        self.counters.fired.load(Ordering::SeqCst)
+    }
+
     /// Connections currently open through the proxy.
     pub fn open_connections(&self) -> usize {
         self.counters.open.load(Ordering::SeqCst)
@@ -224,7 +271,7 @@ async fn accept_loop(
         let counters = counters.clone();
         tokio::spawn(async move {
             counters.open.fetch_add(1, Ordering::SeqCst);
-            let cut = serve(client, target, watcher).await;
+            let cut = serve(client, target, watcher, &counters).await;
             counters.open.fetch_sub(1, Ordering::SeqCst);
             if cut {
                 counters.cut.fetch_add(1, Ordering::SeqCst);
@@ -234,7 +281,12 @@ async fn accept_loop(
 }
 
 /// Serve one connection until either side closes, or a cut (`true`) or the proxy's drop ends it.
-async fn serve(client: TcpStream, target: SocketAddr, mut watcher: watch::Receiver<State>) -> bool {
+async fn serve(
+    client: TcpStream,
+    target: SocketAddr,
+    mut watcher: watch::Receiver<State>,
+    counters: &Counters,
+) -> bool {
     let start = *watcher.borrow_and_update();
     let traffic = watcher.clone();
     let closed = async move {
@@ -250,50 +302,78 @@ async fn serve(client: TcpStream, target: SocketAddr, mut watcher: watch::Receiv
     let forward = async move {
         if start.forwarding == Forwarding::BlackHole {
             // Accepted, never answered.
-            return std::future::pending::<()>().await;
+            return std::future::pending::<bool>().await;
         }
         let Ok(upstream) = TcpStream::connect(target).await else {
-            return;
+            return false;
         };
         let _ = client.set_nodelay(true);
         let _ = upstream.set_nodelay(true);
         let (client_read, client_write) = client.into_split();
         let (upstream_read, upstream_write) = upstream.into_split();
+        let drop_next_answer = AtomicBool::new(false);
+        let outbound = Pump {
+            state: traffic.clone(),
+            counters: Some(counters),
+            drop_next_answer: &drop_next_answer,
+        };
+        let inbound = Pump {
+            state: traffic,
+            counters: None,
+            drop_next_answer: &drop_next_answer,
+        };
         tokio::select! {
-            () = pump(client_read, upstream_write, traffic.clone(), false) => {}
-            () = pump(upstream_read, client_write, traffic, true) => {}
+            cut = outbound.run(client_read, upstream_write) => cut,
+            cut = inbound.run(upstream_read, client_write) => cut,
         }
     };
     tokio::select! {
         cut = closed => cut,
-        () = forward => false,
+        cut = forward => cut,
     }
 }
 
-/// Copy `from` to `to` chunk by chunk, following the current state: drop chunks in a black hole,
-/// delay them by the latency when `delayed` (the target-to-client direction).
-async fn pump(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+/// One direction of a connection: client to target (with `counters`, where triggers fire) or
+/// target to client (delayed by the latency).
+struct Pump<'a> {
     state: watch::Receiver<State>,
-    delayed: bool,
-) {
-    let mut buf = vec![0; CHUNK];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let now = *state.borrow();
-        if delayed && !now.latency.is_zero() {
-            tokio::time::sleep(now.latency).await;
-        }
-        // Judge the black hole after the delay: a chunk that was in the air when it began is lost.
-        if state.borrow().forwarding != Forwarding::Pass {
-            continue;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
+    counters: Option<&'a Counters>,
+    drop_next_answer: &'a AtomicBool,
+}
+
+impl Pump<'_> {
+    /// Copy chunk by chunk, following the current state: drop chunks in a black hole, delay the
+    /// target's chunks by the latency. Returns `true` when a trigger cut the connection.
+    async fn run(self, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) -> bool {
+        let mut buf = vec![0; CHUNK];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            let inbound = self.counters.is_none();
+            let latency = self.state.borrow().latency;
+            if inbound && !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            if inbound && self.drop_next_answer.load(Ordering::SeqCst) {
+                return true;
+            }
+            // Judge the black hole after the delay: a chunk in the air when it began is lost.
+            if self.state.borrow().forwarding != Forwarding::Pass {
+                continue;
+            }
+            let fired = self.counters.and_then(|c| c.fire(chunk));
+            if fired == Some(CutPoint::BeforeSending) {
+                return true;
+            }
+            if to.write_all(chunk).await.is_err() {
+                return false;
+            }
+            if fired == Some(CutPoint::BeforeTheAnswer) {
+                self.drop_next_answer.store(true, Ordering::SeqCst);
+            }
         }
     }
 }
@@ -407,6 +487,53 @@ mod tests {
         round_trip(&mut fresh, Duration::from_secs(5))
             .await
             .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn cut_at_cuts_once_before_or_after_the_target_receives_the_pattern() {
+        let target = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = FaultProxy::start(target.local_addr().unwrap())
+            .await
+            .unwrap();
+        for point in [CutPoint::BeforeSending, CutPoint::BeforeTheAnswer] {
+            proxy.cut_at("COMMIT", point);
+            let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+            let (mut server, _) = target.accept().await.unwrap();
+            client.write_all(b"BEGIN").await.unwrap();
+            let mut begin = [0; 5];
+            server.read_exact(&mut begin).await.unwrap();
+            client.write_all(b"COMMIT").await.unwrap();
+            match point {
+                CutPoint::BeforeSending => {
+                    let mut received = Vec::new();
+                    let read = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        server.read_to_end(&mut received),
+                    )
+                    .await;
+                    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+                    assert!(received.is_empty(), "the target must not receive COMMIT");
+                }
+                CutPoint::BeforeTheAnswer => {
+                    let mut commit = [0; 6];
+                    server.read_exact(&mut commit).await.unwrap();
+                    assert_eq!(&commit, b"COMMIT");
+                    let _ = server.write_all(b"OK").await;
+                }
+            }
+            let mut answer = Vec::new();
+            let read =
+                tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut answer)).await;
+            assert!(
+                matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+                "{point:?}: {read:?}"
+            );
+            assert!(
+                answer.is_empty(),
+                "{point:?}: the client must not see the answer"
+            );
+        }
+        assert_eq!(proxy.triggers_fired(), 2);
     }
 
     #[tokio::test(flavor = "multi_thread")]
