@@ -1,6 +1,6 @@
 //! Load and chaos: two `orders-api` processes on one PostgreSQL database, each reaching it through
 //! its own [`FaultProxy`], 16 concurrent clients sending 5,000 requests over 1,000 keys (every key
-//! about five times, some attempts given up by their client after 300 ms), while both proxies cut
+//! about five times, some attempts given up by their client after 40 ms, often mid-handler), while both proxies cut
 //! every store connection every 1.5 s.
 //!
 //! Afterwards, with the faults off and a final pass that retries every key until it gets a final
@@ -31,7 +31,7 @@ const REQUESTS: usize = 5_000;
 const CLIENTS: usize = 16;
 /// Every `GIVE_UP_EVERY`-th request is abandoned by its client after [`SHORT_TIMEOUT`].
 const GIVE_UP_EVERY: usize = 10;
-const SHORT_TIMEOUT: Duration = Duration::from_millis(300);
+const SHORT_TIMEOUT: Duration = Duration::from_millis(40);
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the proxies cut every store connection.
 const CUT_EVERY: Duration = Duration::from_millis(1_500);
