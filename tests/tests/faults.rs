@@ -10,6 +10,7 @@
 //! | cut before the `COMMIT` reaches PostgreSQL | 503, work rolled back; the retry runs once |
 //! | cut after the `COMMIT`, before its answer | 503, work committed with the answer; the retry replays |
 //! | 2 s latency, 500 ms store timeout | 503 within about the timeout; the pool is whole afterwards |
+//! | 2 s latency from the save in the transaction on | 503 within about the timeout; the work rolls back |
 
 use std::{
     collections::HashMap,
@@ -121,6 +122,22 @@ async fn work_in_transaction(
     }
 }
 
+/// `POST /work-then-slow` (transactional mode): the work, then on the first execution only, the
+/// store turns slow before the layer saves the answer in the transaction and commits.
+async fn work_then_slow(
+    state: State<AppRef>,
+    key: IdempotencyKey,
+    tx: IdempotencyTransaction<Postgres>,
+    body: Bytes,
+) -> Response {
+    let (app, name) = (state.0.clone(), key.as_str().to_owned());
+    let response = work_in_transaction(state, key, tx, body).await;
+    if app.executions_of(&name) == 1 {
+        app.proxy.set_latency(LATENCY);
+    }
+    response
+}
+
 /// The app served on `127.0.0.1:0`; stops when dropped.
 struct Server {
     addr: SocketAddr,
@@ -148,6 +165,7 @@ async fn serve<St: Store, M: Mode<St>>(
         .route("/cut-after-work", post(cut_after_work))
         .route("/down-after-work", post(down_after_work))
         .route("/work", post(work_in_transaction))
+        .route("/work-then-slow", post(work_then_slow))
         .layer(layer)
         .with_state(state.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -422,9 +440,9 @@ async fn latency_beyond_the_store_timeout(server: &Server, proxy: &FaultProxy) -
     for reply in &replies {
         assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
         assert!(reply.retry_after.is_some(), "{reply:?}");
-        // The timeout, plus a little: never the latency, let alone a hang.
+        // About the timeout (500 ms): under the latency, which any store answer would take.
         assert!(
-            reply.elapsed < STORE_TIMEOUT + Duration::from_millis(900),
+            reply.elapsed < LATENCY,
             "a slow store answer took {:?}",
             reply.elapsed
         );
@@ -547,6 +565,43 @@ async fn postgres_latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_c
     let keys = latency_beyond_the_store_timeout(&server, &db.proxy).await;
     db.wait_pool_whole(max_connections).await;
     after_the_latency_every_key_executes_once(&server, &keys).await;
+    db.wait_pool_whole(max_connections).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_latency_at_the_commit_is_503_quickly_and_the_work_rolls_back() {
+    let max_connections = 4;
+    let db = postgres(max_connections).await;
+    let layer = db
+        .layer()
+        .await
+        .with_store_timeout(STORE_TIMEOUT)
+        .transactional();
+    let server = serve(layer, db.proxy.clone()).await;
+    let first = server.post("/work-then-slow", "slow-commit").await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert!(
+        first.elapsed < LATENCY,
+        "the slow save must time out, not wait: {:?}",
+        first.elapsed
+    );
+    db.proxy.restore();
+    db.wait_pool_whole(max_connections).await;
+    assert_eq!(
+        db.work_rows("slow-commit").await,
+        0,
+        "neither: the work rolled back"
+    );
+    assert_eq!(db.saved_records().await, 0);
+
+    // Its release timed out too: the key frees when the lease lapses, then runs once.
+    let tries = (LEASE.as_millis() / 200 + 20) as usize;
+    let retry = server
+        .retry_until("/work-then-slow", "slow-commit", StatusCode::CREATED, tries)
+        .await;
+    assert!(!retry.replayed);
+    assert_eq!(db.work_rows("slow-commit").await, 1);
+    assert_eq!(db.saved_records().await, 1);
     db.wait_pool_whole(max_connections).await;
 }
 
