@@ -1,10 +1,14 @@
-//! Shared helpers for the integration tests: fresh databases, Redis prefixes, a test server.
+//! Shared helpers for the integration tests: fresh databases, Redis prefixes, a test server,
+//! the store contract suite ([`contract`]) and the behaviour suite ([`suite`]).
 //!
 //! URLs are read at run time. A missing variable fails the test with the variable's name: the
 //! database tests never skip themselves.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub mod contract;
+pub mod records;
+pub mod stores;
 pub mod suite;
 
 /// `DATABASE_URL`, the PostgreSQL server the tests create their databases on.
@@ -30,12 +34,10 @@ pub fn unique_name(prefix: &str) -> String {
     )
 }
 
-/// A pool on a freshly created PostgreSQL database of its own.
-///
-/// `#[sqlx::test]` runs on a current-thread runtime; the concurrency tests need a multi-thread
-/// runtime and their own database, which this gives them.
-pub async fn fresh_postgres_pool(max_connections: u32) -> sqlx::PgPool {
-    use sqlx::{postgres::PgPoolOptions, Connection, Executor};
+/// The connect options of a freshly created PostgreSQL database of its own, on the server at
+/// `DATABASE_URL`.
+pub async fn fresh_postgres_database() -> sqlx::postgres::PgConnectOptions {
+    use sqlx::{Connection, Executor};
     let url = postgres_url();
     let db = unique_name("tidem");
     let mut admin = sqlx::PgConnection::connect(&url)
@@ -45,11 +47,18 @@ pub async fn fresh_postgres_pool(max_connections: u32) -> sqlx::PgPool {
         .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{db}""#)))
         .await
         .expect("create test database");
-    let mut opts: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    opts = opts.database(&db);
-    PgPoolOptions::new()
+    let opts: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
+    opts.database(&db)
+}
+
+/// A pool on a freshly created PostgreSQL database of its own.
+///
+/// `#[sqlx::test]` runs on a current-thread runtime; the concurrency tests need a multi-thread
+/// runtime and their own database, which this gives them.
+pub async fn fresh_postgres_pool(max_connections: u32) -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
         .max_connections(max_connections)
-        .connect_with(opts)
+        .connect_with(fresh_postgres_database().await)
         .await
         .expect("connect to the fresh test database")
 }

@@ -468,10 +468,8 @@ macro_rules! orders_suite {
     ($module:ident, $fresh:path, $variant:ident, $store:ty) => {
         mod $module {
             use super::*;
-            use tower_idempotency::store::{
-                Claim, ClaimOutcome, Fenced, FencingToken, Store, StoredResponse,
-                TransactionalStore,
-            };
+            use tower_idempotency::store::{ClaimOutcome, Fenced, Store, TransactionalStore};
+            use tower_idempotency_tests::records::{new_claim, stored_response};
 
             async fn fresh() -> Db {
                 let db = Db::$variant($fresh(16).await);
@@ -518,14 +516,13 @@ macro_rules! orders_suite {
                     // 1. The stale holder claims the key with a 300 ms lease.
                     let key = uuid::Uuid::new_v4().to_string();
                     let (hash, fingerprint) = layer_view_of(&key);
-                    let stale = FencingToken::new();
-                    let claim = Claim {
-                        key: hash,
+                    let claim = new_claim(
+                        hash,
                         fingerprint,
-                        token: stale,
-                        lease: Duration::from_millis(300),
-                        ttl: Duration::from_secs(3600),
-                    };
+                        Duration::from_millis(300),
+                        Duration::from_secs(3600),
+                    );
+                    let stale = claim.token;
                     let outcome = store.claim(&claim).await.expect("claim");
                     assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
 
@@ -548,11 +545,11 @@ macro_rules! orders_suite {
                     .await
                     .expect("stale insert");
                     // ...and cannot record its answer: the token was replaced.
-                    let response = StoredResponse {
-                        status: http::StatusCode::CREATED,
-                        headers: http::HeaderMap::new(),
-                        body: bytes::Bytes::from_static(b"stale"),
-                    };
+                    let response = stored_response(
+                        http::StatusCode::CREATED,
+                        http::HeaderMap::new(),
+                        bytes::Bytes::from_static(b"stale"),
+                    );
                     let fenced = store
                         .complete_in(&mut tx, &hash, stale, &response)
                         .await

@@ -1,31 +1,19 @@
-//! The Redis store against a real server at `REDIS_URL`, each test under its own key prefix.
+//! What only the Redis store does, against a real server at `REDIS_URL`, each test under its own
+//! key prefix: key expiry, script reloading, pub/sub waiting, key names, corrupt records. The
+//! store contract every store shares is in `store_contract.rs`.
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
+use std::time::{Duration, Instant};
+
+use tower_idempotency::store::{
+    redis::{redis, RedisStore},
+    ClaimOutcome, Fenced, Store, StoreErrorKind,
 };
-
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, StatusCode};
-use tower_idempotency::{
-    store::{
-        redis::{redis, RedisStore},
-        Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreErrorKind, StoredResponse,
-    },
-    Fingerprint, KeyHash,
+use tower_idempotency_tests::{
+    contract::{claim_of, fingerprint, random_key, response, DAY, LONG},
+    redis_client,
+    stores::redis_store as store,
+    unique_name,
 };
-use tower_idempotency_tests::{redis_client, unique_name};
-
-const LONG: Duration = Duration::from_secs(60);
-const DAY: Duration = Duration::from_secs(24 * 3600);
-
-/// A store on `REDIS_URL` (with notifications) under a prefix of its own.
-async fn store() -> RedisStore {
-    RedisStore::connect(redis_client())
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach redis at REDIS_URL: {e}"))
-        .with_prefix(unique_name("tidem"))
-}
 
 /// A plain connection for inspecting keys.
 async fn raw() -> redis::aio::MultiplexedConnection {
@@ -33,42 +21,6 @@ async fn raw() -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .expect("connect to redis")
-}
-
-fn random_key() -> KeyHash {
-    let mut bytes = [0u8; 32];
-    bytes[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-    bytes[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
-    KeyHash(bytes)
-}
-
-fn fingerprint(body: &str) -> Fingerprint {
-    Fingerprint::of(&[b"POST", b"/orders", body.as_bytes()])
-}
-
-fn claim_of(key: KeyHash, body: &str, lease: Duration, ttl: Duration) -> Claim {
-    Claim {
-        key,
-        fingerprint: fingerprint(body),
-        token: FencingToken::new(),
-        lease,
-        ttl,
-    }
-}
-
-fn response() -> StoredResponse {
-    let mut headers = HeaderMap::new();
-    headers.append("content-type", HeaderValue::from_static("application/json"));
-    headers.append("x-multi", HeaderValue::from_static("one"));
-    headers.append("x-multi", HeaderValue::from_static("two: with colon"));
-    headers.append("set-cookie", HeaderValue::from_static("a=1"));
-    headers.append("x-multi", HeaderValue::from_static("three"));
-    headers.append("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap());
-    StoredResponse {
-        status: StatusCode::CREATED,
-        headers,
-        body: Bytes::from_static(b"{\"id\":42}\x00\xff binary tail"),
-    }
 }
 
 async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
@@ -99,162 +51,7 @@ async fn expire_soon(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fifty_concurrent_claims_have_exactly_one_winner() {
-    let store = store().await;
-    let key = random_key();
-    let start = Arc::new(tokio::sync::Barrier::new(50));
-    let tasks: Vec<_> = (0..50)
-        .map(|_| {
-            let store = store.clone();
-            let start = Arc::clone(&start);
-            tokio::spawn(async move {
-                start.wait().await;
-                store.claim(&claim_of(key, "same", LONG, DAY)).await
-            })
-        })
-        .collect();
-    let (mut claimed, mut in_flight) = (0, 0);
-    for task in tasks {
-        match task.await.expect("task").expect("claim") {
-            ClaimOutcome::Claimed { taken_over: false } => claimed += 1,
-            ClaimOutcome::InFlight { lease_remaining } => {
-                assert!(lease_remaining > Duration::ZERO && lease_remaining <= LONG);
-                in_flight += 1;
-            }
-            other => panic!("unexpected outcome {other:?}"),
-        }
-    }
-    assert_eq!((claimed, in_flight), (1, 49));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn complete_then_claim_replays_the_identical_response() {
-    let store = store().await;
-    let key = random_key();
-    let first = claim_of(key, "order", LONG, DAY);
-    assert_eq!(
-        store.claim(&first).await.unwrap(),
-        ClaimOutcome::Claimed { taken_over: false }
-    );
-    let saved = response();
-    assert_eq!(
-        store.complete(&key, first.token, &saved).await.unwrap(),
-        Fenced::Applied
-    );
-
-    let ClaimOutcome::Done(replayed) = store
-        .claim(&claim_of(key, "order", LONG, DAY))
-        .await
-        .unwrap()
-    else {
-        panic!("expected a replay");
-    };
-    assert_eq!(replayed, saved);
-    assert_eq!(replayed.status, StatusCode::CREATED);
-    let multi: Vec<_> = replayed.headers.get_all("x-multi").iter().collect();
-    assert_eq!(multi, ["one", "two: with colon", "three"]);
-    assert_eq!(replayed.body, saved.body);
-
-    // A second complete with the same token finds the record done: nothing is overwritten.
-    let mut other = saved.clone();
-    other.status = StatusCode::INTERNAL_SERVER_ERROR;
-    assert_eq!(
-        store.complete(&key, first.token, &other).await.unwrap(),
-        Fenced::Lost
-    );
-    assert_eq!(
-        store
-            .claim(&claim_of(key, "order", LONG, DAY))
-            .await
-            .unwrap(),
-        ClaimOutcome::Done(saved)
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn another_fingerprint_is_a_mismatch_whatever_the_state() {
-    let store = store().await;
-
-    // running, lease valid
-    let key = random_key();
-    store.claim(&claim_of(key, "a", LONG, DAY)).await.unwrap();
-    assert_eq!(
-        store.claim(&claim_of(key, "b", LONG, DAY)).await.unwrap(),
-        ClaimOutcome::Mismatch
-    );
-
-    // running, lease lapsed: no takeover for another request
-    let key = random_key();
-    store
-        .claim(&claim_of(key, "a", Duration::from_millis(50), DAY))
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await; // the lapse under test
-    assert_eq!(
-        store.claim(&claim_of(key, "b", LONG, DAY)).await.unwrap(),
-        ClaimOutcome::Mismatch
-    );
-    assert_eq!(
-        store.claim(&claim_of(key, "a", LONG, DAY)).await.unwrap(),
-        ClaimOutcome::Claimed { taken_over: true }
-    );
-
-    // done
-    let key = random_key();
-    let first = claim_of(key, "a", LONG, DAY);
-    store.claim(&first).await.unwrap();
-    store
-        .complete(&key, first.token, &response())
-        .await
-        .unwrap();
-    assert_eq!(
-        store.claim(&claim_of(key, "b", LONG, DAY)).await.unwrap(),
-        ClaimOutcome::Mismatch
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lapsed_lease_is_taken_over_and_the_old_token_is_fenced() {
-    let store = store().await;
-    let key = random_key();
-    let old = claim_of(key, "a", Duration::from_millis(200), DAY);
-    assert_eq!(
-        store.claim(&old).await.unwrap(),
-        ClaimOutcome::Claimed { taken_over: false }
-    );
-    let new = claim_of(key, "a", LONG, DAY);
-    assert!(matches!(
-        store.claim(&new).await.unwrap(),
-        ClaimOutcome::InFlight { .. }
-    ));
-    tokio::time::sleep(Duration::from_millis(300)).await; // the lapse under test
-    assert_eq!(
-        store.claim(&new).await.unwrap(),
-        ClaimOutcome::Claimed { taken_over: true }
-    );
-
-    assert_eq!(
-        store.complete(&key, old.token, &response()).await.unwrap(),
-        Fenced::Lost
-    );
-    assert_eq!(
-        store.renew(&key, old.token, LONG).await.unwrap(),
-        Fenced::Lost
-    );
-    assert_eq!(store.release(&key, old.token).await.unwrap(), Fenced::Lost);
-
-    assert_eq!(
-        store.complete(&key, new.token, &response()).await.unwrap(),
-        Fenced::Applied
-    );
-    assert_eq!(
-        store.claim(&claim_of(key, "a", LONG, DAY)).await.unwrap(),
-        ClaimOutcome::Done(response())
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_takeover_keeps_the_original_expiry() {
+async fn a_takeover_does_not_extend_the_key_pttl() {
     let store = store().await;
     let mut conn = raw().await;
     let key = random_key();
@@ -290,82 +87,6 @@ async fn a_takeover_keeps_the_original_expiry() {
         .await
         .unwrap();
     assert_eq!(expires_after, expires_at);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn renew_extends_the_lease() {
-    let store = store().await;
-    let key = random_key();
-    let held = claim_of(key, "a", Duration::from_millis(300), DAY);
-    store.claim(&held).await.unwrap();
-
-    assert_eq!(
-        store.renew(&key, FencingToken::new(), LONG).await.unwrap(),
-        Fenced::Lost
-    );
-    assert_eq!(
-        store.renew(&key, held.token, LONG).await.unwrap(),
-        Fenced::Applied
-    );
-    match store.claim(&claim_of(key, "a", LONG, DAY)).await.unwrap() {
-        ClaimOutcome::InFlight { lease_remaining } => {
-            assert!(
-                lease_remaining > Duration::from_secs(50),
-                "{lease_remaining:?}"
-            )
-        }
-        other => panic!("expected in flight, got {other:?}"),
-    }
-    tokio::time::sleep(Duration::from_millis(400)).await; // past the original lease
-    assert!(matches!(
-        store.claim(&claim_of(key, "a", LONG, DAY)).await.unwrap(),
-        ClaimOutcome::InFlight { .. }
-    ));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn release_then_claim_again() {
-    let store = store().await;
-    let mut conn = raw().await;
-    let key = random_key();
-    let first = claim_of(key, "a", LONG, DAY);
-    store.claim(&first).await.unwrap();
-
-    assert_eq!(
-        store.release(&key, FencingToken::new()).await.unwrap(),
-        Fenced::Lost
-    );
-    assert_eq!(
-        store.release(&key, first.token).await.unwrap(),
-        Fenced::Applied
-    );
-    assert!(!exists(&mut conn, &store.record_key(&key)).await);
-
-    let second = claim_of(key, "a", LONG, DAY);
-    assert_eq!(
-        store.claim(&second).await.unwrap(),
-        ClaimOutcome::Claimed { taken_over: false }
-    );
-    assert_eq!(
-        store.release(&key, first.token).await.unwrap(),
-        Fenced::Lost
-    );
-    assert_eq!(
-        store
-            .complete(&key, first.token, &response())
-            .await
-            .unwrap(),
-        Fenced::Lost
-    );
-    // A done record cannot be released.
-    store
-        .complete(&key, second.token, &response())
-        .await
-        .unwrap();
-    assert_eq!(
-        store.release(&key, second.token).await.unwrap(),
-        Fenced::Lost
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

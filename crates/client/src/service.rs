@@ -1,0 +1,164 @@
+//! The service: sends each attempt of an intent with the same key, and decides after each one.
+
+use std::{
+    future::poll_fn,
+    mem,
+    task::{Context, Poll},
+};
+
+use http::{HeaderValue, Request, Response};
+use tower_service::Service;
+
+use crate::{
+    config::{ConfigError, RetryConfig},
+    error::BoxError,
+    future::ResponseFuture,
+    key::ensure_key,
+    policy::{is_transient, Intent, Outcome, Policy},
+    Error,
+};
+
+/// What an intent took, in the extensions of its response.
+///
+/// ```
+/// # async fn run(response: http::Response<()>) {
+/// use tower_idempotency_client::Attempts;
+///
+/// if let Some(attempts) = response.extensions().get::<Attempts>() {
+///     println!("{} attempt(s) with key {:?}", attempts.count, attempts.key);
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempts {
+    /// Attempts sent, the first included.
+    pub count: u32,
+    /// The key every attempt carried, if the request had one.
+    pub key: Option<HeaderValue>,
+}
+
+/// A client service that gives each request (one intent) a single `Idempotency-Key` and retries
+/// it with that key when it is safe: transport errors, timeouts, 409 with `Retry-After` (another
+/// attempt with this key is in flight), 429 and 503. Built by [`IdempotentRetryLayer`].
+///
+/// The request body must be [`Clone`] (like `Full<Bytes>`), since every attempt sends it again.
+///
+/// [`IdempotentRetryLayer`]: crate::IdempotentRetryLayer
+#[derive(Debug, Clone)]
+pub struct IdempotentRetry<S> {
+    inner: S,
+    policy: Policy,
+}
+
+impl<S> IdempotentRetry<S> {
+    /// Wrap `inner` with `config` (its own retry budget).
+    pub fn new(inner: S, config: RetryConfig) -> Result<Self, ConfigError> {
+        Ok(Self::from_policy(inner, Policy::new(config)?))
+    }
+
+    pub(crate) fn from_policy(inner: S, policy: Policy) -> Self {
+        Self { inner, policy }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwrap the service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for IdempotentRetry<S>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    B: Clone + Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = Error;
+    type Future = ResponseFuture<ResBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(|err| Error::Transport {
+            attempts: 0,
+            source: err.into(),
+        })
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        let method = request.method().clone();
+        let key = ensure_key(&self.policy.config, &method, request.headers_mut());
+        let intent = self.policy.start(key.is_some());
+        // The clone may not be ready; the ready one goes into the future (tower's "be careful
+        // when cloning inner services").
+        let clone = self.inner.clone();
+        let inner = mem::replace(&mut self.inner, clone);
+        ResponseFuture::new(Box::pin(run(inner, request, key, intent)))
+    }
+}
+
+/// Send attempts until one may not be retried; the first uses the service `poll_ready` readied.
+async fn run<S, B, ResBody>(
+    mut inner: S,
+    request: Request<B>,
+    key: Option<HeaderValue>,
+    mut intent: Intent,
+) -> Result<Response<ResBody>, Error>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    B: Clone,
+{
+    let mut ready = true;
+    loop {
+        let timeout = intent.begin_attempt();
+        // The copy is made here, not in the attempt, so the future holds no `&Request` (the body
+        // need not be `Sync`).
+        let copy = request.clone();
+        let service = &mut inner;
+        let attempt = async move {
+            if !ready {
+                poll_fn(|cx| service.poll_ready(cx))
+                    .await
+                    .map_err(Into::into)?;
+            }
+            service.call(copy).await.map_err(Into::into)
+        };
+        let result: Result<Result<Response<ResBody>, BoxError>, _> =
+            tokio::time::timeout(timeout, attempt).await;
+        ready = false;
+        let outcome = match &result {
+            Ok(Ok(response)) => Outcome::answer(response.status(), response.headers()),
+            Ok(Err(err)) if is_transient(err.as_ref()) => Outcome::TransientError,
+            Ok(Err(_)) => Outcome::PermanentError,
+            Err(_) => Outcome::TimedOut,
+        };
+        if let Some(wait) = intent.retry_after(outcome) {
+            drop(result);
+            tokio::time::sleep(wait).await;
+            continue;
+        }
+        let attempts = intent.attempts();
+        return match result {
+            Ok(Ok(mut response)) => {
+                response.extensions_mut().insert(Attempts {
+                    count: attempts,
+                    key,
+                });
+                Ok(response)
+            }
+            Ok(Err(source)) => Err(Error::Transport { attempts, source }),
+            Err(_) => Err(Error::Timeout { attempts, timeout }),
+        };
+    }
+}

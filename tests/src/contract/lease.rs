@@ -1,0 +1,172 @@
+//! Leases: takeover after a lapse, fencing of the old holder, renewal, and the expiry a takeover
+//! keeps.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tower_idempotency::store::{ClaimOutcome, Fenced, Store};
+
+use super::{
+    claim_of, claimed, is_done, is_in_flight, numbered_response, race, random_key, response,
+    retry_of, retry_with_lease, stranger, until, DAY, LONG, MARGIN,
+};
+
+/// A running record whose lease lapsed is taken over by a retry (`taken_over: true`, a new
+/// token). The old holder is fenced out: its `renew`, `complete` and `release` are `Lost` and
+/// change nothing; the new holder's answer is the one replayed. Eight keys, so a cluster spreads
+/// them over its nodes.
+pub async fn a_lapsed_lease_is_taken_over_and_fences_the_old_holder<S: Store>(store: S) {
+    let lease = Duration::from_millis(200);
+    let old: Vec<_> = (0..8)
+        .map(|_| claim_of(random_key(), "a", lease, DAY))
+        .collect();
+    for claim in &old {
+        assert_eq!(store.claim(claim).await.unwrap(), claimed(false));
+        assert!(is_in_flight(&store.claim(&retry_of(claim)).await.unwrap()));
+    }
+    let started = Instant::now(); // every lease counts from before this
+
+    until(started + lease + MARGIN).await;
+    for (n, old) in old.iter().enumerate() {
+        let new = retry_with_lease(old, LONG);
+        assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
+
+        assert_eq!(
+            store.renew(&old.key, old.token, LONG).await.unwrap(),
+            Fenced::Lost
+        );
+        assert_eq!(
+            store
+                .complete(&old.key, old.token, &numbered_response(n))
+                .await
+                .unwrap(),
+            Fenced::Lost
+        );
+        assert_eq!(
+            store.release(&old.key, old.token).await.unwrap(),
+            Fenced::Lost
+        );
+        assert!(
+            is_in_flight(&store.claim(&retry_of(old)).await.unwrap()),
+            "the old holder's writes changed nothing"
+        );
+
+        let saved = response();
+        assert_eq!(
+            store.complete(&new.key, new.token, &saved).await.unwrap(),
+            Fenced::Applied
+        );
+        assert_eq!(
+            store.claim(&retry_of(old)).await.unwrap(),
+            ClaimOutcome::Done(saved)
+        );
+    }
+}
+
+/// 30 retries race for a record whose lease lapsed: exactly one takes it over, the others find
+/// it in flight.
+pub async fn concurrent_takeovers_have_exactly_one_winner<S: Store>(store: S) {
+    let store = Arc::new(store);
+    let lease = Duration::from_millis(100);
+    let first = claim_of(random_key(), "race", lease, DAY);
+    assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
+    let started = Instant::now(); // the lease counts from before this
+    until(started + lease + MARGIN).await;
+
+    let claims = (0..30).map(|_| retry_with_lease(&first, LONG)).collect();
+    let outcomes = race(&store, claims).await;
+    assert_eq!(outcomes.iter().filter(|o| **o == claimed(true)).count(), 1);
+    assert_eq!(outcomes.iter().filter(|o| is_in_flight(o)).count(), 29);
+}
+
+/// A takeover keeps the expiry counted from the first claim, and so does `complete`: the record
+/// is gone at the original expiry, not a retention after the takeover.
+pub async fn a_takeover_keeps_the_original_expiry<S: Store>(store: S) {
+    let (lease, ttl) = (Duration::from_millis(200), Duration::from_secs(1));
+    let first = claim_of(random_key(), "a", lease, ttl);
+    assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
+    let started = Instant::now(); // the lease and the expiry count from before this
+
+    until(started + lease + MARGIN).await;
+    // The takeover asks for a day; the record must keep its original expiry.
+    let new = claim_of(first.key, "a", LONG, DAY);
+    assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
+    assert_eq!(
+        store
+            .complete(&new.key, new.token, &response())
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+    assert!(is_done(&store.claim(&retry_of(&first)).await.unwrap()));
+
+    until(started + ttl + MARGIN).await;
+    let other = claim_of(first.key, "other", LONG, DAY);
+    assert_eq!(
+        store.claim(&other).await.unwrap(),
+        claimed(false),
+        "the record expired at the first claim's expiry"
+    );
+}
+
+/// `renew` extends the lease from now, only with the holder's token and only while the record
+/// runs; without another renewal the lease lapses in turn.
+pub async fn renew_extends_the_lease<S: Store>(store: S) {
+    let lease = Duration::from_millis(300);
+    let claim = claim_of(random_key(), "a", lease, DAY);
+    let started = Instant::now();
+    assert_eq!(store.claim(&claim).await.unwrap(), claimed(false));
+
+    assert_eq!(
+        store.renew(&claim.key, stranger(), LONG).await.unwrap(),
+        Fenced::Lost,
+        "a stranger's token renews nothing"
+    );
+    until(started + Duration::from_millis(150)).await;
+    assert_eq!(
+        store.renew(&claim.key, claim.token, lease).await.unwrap(),
+        Fenced::Applied
+    );
+    // Past the first lease (300 ms), well within the renewed one (450 ms and more).
+    until(started + Duration::from_millis(350)).await;
+    let outcome = store.claim(&retry_of(&claim)).await.unwrap();
+    assert!(
+        is_in_flight(&outcome),
+        "renewed lease still held: {outcome:?}"
+    );
+
+    // A long renewal shows in the lease left.
+    assert_eq!(
+        store.renew(&claim.key, claim.token, LONG).await.unwrap(),
+        Fenced::Applied
+    );
+    match store.claim(&retry_of(&claim)).await.unwrap() {
+        ClaimOutcome::InFlight { lease_remaining } => assert!(
+            lease_remaining > Duration::from_secs(50),
+            "{lease_remaining:?}"
+        ),
+        other => panic!("expected in flight, got {other:?}"),
+    }
+    // Shortened again, the lease lapses in turn and a retry takes over.
+    assert_eq!(
+        store.renew(&claim.key, claim.token, lease).await.unwrap(),
+        Fenced::Applied
+    );
+    let shortened = Instant::now(); // the lease counts from before this
+    until(shortened + lease + MARGIN).await;
+    assert_eq!(store.claim(&retry_of(&claim)).await.unwrap(), claimed(true));
+
+    // Renewing a record that is not running is refused.
+    let other = claim_of(random_key(), "b", LONG, DAY);
+    store.claim(&other).await.unwrap();
+    store
+        .complete(&other.key, other.token, &response())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.renew(&other.key, other.token, LONG).await.unwrap(),
+        Fenced::Lost
+    );
+}

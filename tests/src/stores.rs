@@ -1,0 +1,72 @@
+//! Fresh stores of every backend, each on a database or key prefix of its own.
+
+use tower_idempotency::store::{
+    postgres::PostgresStore,
+    redis::{redis, RedisStore},
+    sqlite::SqliteStore,
+    MemoryStore,
+};
+
+use crate::{fresh_postgres_pool, fresh_sqlite_pool, redis_client, unique_name};
+
+/// An empty in-process store.
+pub async fn memory_store() -> MemoryStore {
+    MemoryStore::new()
+}
+
+/// A migrated PostgreSQL store on a database of its own (a pool of 16 connections).
+pub async fn postgres_store() -> PostgresStore {
+    let store = PostgresStore::new(fresh_postgres_pool(16).await);
+    store.migrate().await.expect("migrate the fresh database");
+    store
+}
+
+/// A migrated SQLite store on a fresh database file (a pool of 8 connections).
+pub async fn sqlite_store() -> SqliteStore {
+    let store = SqliteStore::new(fresh_sqlite_pool(8).await);
+    store.migrate().await.expect("migrate the fresh database");
+    store
+}
+
+/// A store on `REDIS_URL` (with wait-mode notifications) under a key prefix of its own.
+pub async fn redis_store() -> RedisStore {
+    RedisStore::connect(redis_client())
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach Redis at REDIS_URL: {e}"))
+        .with_prefix(unique_name("tidem"))
+}
+
+/// `REDIS_CLUSTER_URLS`, the comma-separated node URLs of a Redis Cluster
+/// (`scripts/redis-cluster.sh` starts one on 127.0.0.1:7001-7003).
+pub fn cluster_urls() -> Vec<String> {
+    let urls = std::env::var("REDIS_CLUSTER_URLS").expect(
+        "REDIS_CLUSTER_URLS is not set: run scripts/redis-cluster.sh and export \
+         REDIS_CLUSTER_URLS=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003",
+    );
+    let urls: Vec<String> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(!urls.is_empty(), "REDIS_CLUSTER_URLS holds no URL");
+    urls
+}
+
+/// A connection to the cluster at `REDIS_CLUSTER_URLS`.
+pub async fn cluster_conn() -> redis::cluster_async::ClusterConnection {
+    let urls = cluster_urls();
+    redis::cluster::ClusterClient::new(urls.clone())
+        .unwrap_or_else(|e| panic!("REDIS_CLUSTER_URLS={urls:?} is not valid: {e}"))
+        .get_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach the cluster at REDIS_CLUSTER_URLS={urls:?}: {e}"))
+}
+
+/// A cluster store under a key prefix of its own, notified through the first node.
+pub async fn redis_cluster_store() -> RedisStore {
+    let first = cluster_urls().remove(0);
+    RedisStore::cluster(cluster_conn().await)
+        .with_prefix(unique_name("tidem"))
+        .with_notifications(redis::Client::open(first).expect("a valid node URL"))
+}

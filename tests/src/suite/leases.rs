@@ -1,0 +1,127 @@
+//! Leases: a dead holder is taken over and fenced, a live one is renewed; `Retry-After` shows the lease.
+
+use super::*;
+
+/// A claim whose holder died (its lease lapsed) is taken over; the dead holder's token is fenced
+/// out: its `complete`, `renew` and `release` change nothing, and the replay shows the new answer.
+pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced(store: impl Store) {
+    const DEAD_LEASE: Duration = Duration::from_millis(300);
+    let store = Arc::new(store);
+    let server = serve(Idempotency::from_shared(store.clone())).await;
+    let key = key_hash("lease-1");
+    // the dead holder: claimed directly in the store, never renewed
+    let dead = new_claim(key, fingerprint("/held", ORDER), DEAD_LEASE, DEFAULT_TTL);
+    let stale = dead.token;
+    let outcome = store.claim(&dead).await.unwrap();
+    assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
+    let claimed_at = Instant::now();
+    // the layer sees the same record: in flight while the lease lasts
+    send(server.post_key("/held", "lease-1", ORDER))
+        .await
+        .assert_in_flight();
+    assert_eq!(server.state.executions(), 0);
+    // time passing is what is under test here: let the lease lapse (plus a margin)
+    tokio::time::sleep(
+        (DEAD_LEASE + Duration::from_millis(250)).saturating_sub(claimed_at.elapsed()),
+    )
+    .await;
+    let retry = tokio::spawn(send(server.post_key("/held", "lease-1", ORDER)));
+    server.state.wait_entered(1).await;
+    // while the new holder runs, the stale token can write nothing
+    let stale_answer = stored_response(
+        StatusCode::ACCEPTED,
+        HeaderMap::new(),
+        Bytes::from_static(b"{\"execution\":0,\"stale\":true}"),
+    );
+    assert_eq!(
+        store.complete(&key, stale, &stale_answer).await.unwrap(),
+        Fenced::Lost
+    );
+    assert_eq!(
+        store
+            .renew(&key, stale, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        Fenced::Lost
+    );
+    assert_eq!(store.release(&key, stale).await.unwrap(), Fenced::Lost);
+    // ... and the record is still the new holder's: a duplicate is in flight
+    send(server.post_key("/held", "lease-1", ORDER))
+        .await
+        .assert_in_flight();
+    server.state.release();
+    let new_answer = retry.await.unwrap();
+    new_answer.assert_executed(StatusCode::CREATED, 1);
+    // after completion too, the stale token cannot overwrite
+    assert_eq!(
+        store.complete(&key, stale, &stale_answer).await.unwrap(),
+        Fenced::Lost
+    );
+    send(server.post_key("/held", "lease-1", ORDER))
+        .await
+        .assert_replay_of(&new_answer);
+    assert_eq!(server.state.executions(), 1);
+}
+
+/// A handler that runs longer than the lease is not taken over while it lives (the heartbeat
+/// renews it): duplicates get 409 throughout, and it executes once.
+pub async fn slow_handler_is_not_taken_over_while_alive(store: impl Store) {
+    const LEASE: Duration = Duration::from_millis(400);
+    let server = serve(Idempotency::new(store).with_lease(LEASE)).await;
+    let first = tokio::spawn(send(server.post_key("/held", "slow-1", ORDER)));
+    server.state.wait_entered(1).await;
+    let started = Instant::now();
+    // duplicates across three leases (~1.2 s): the lapse of time is under test
+    let mut duplicates = 0;
+    while started.elapsed() < LEASE * 3 && duplicates < 40 {
+        send(server.post_key("/held", "slow-1", ORDER))
+            .await
+            .assert_in_flight();
+        duplicates += 1;
+        tokio::time::sleep(LEASE / 4).await;
+    }
+    assert!(duplicates >= 4);
+    assert_eq!(
+        server.state.executions(),
+        1,
+        "the live holder was taken over"
+    );
+    server.state.release();
+    let first = first.await.unwrap();
+    first.assert_executed(StatusCode::CREATED, 1);
+    send(server.post_key("/held", "slow-1", ORDER))
+        .await
+        .assert_replay_of(&first);
+    assert_eq!(server.state.executions(), 1);
+}
+
+async fn retry_after_while_held(server: &TestServer, key: &str) -> u64 {
+    let first = tokio::spawn(send(server.post_key("/held", key, ORDER)));
+    server.state.wait_entered(1).await;
+    let retry_after = send(server.post_key("/held", key, ORDER))
+        .await
+        .assert_in_flight();
+    server.state.release();
+    first.await.unwrap().assert_executed(StatusCode::CREATED, 1);
+    retry_after
+}
+
+/// The 409's `Retry-After` is the time left on the default 30 s lease.
+pub async fn retry_after_reflects_default_lease(store: impl Store) {
+    let server = serve(Idempotency::new(store)).await;
+    let retry_after = retry_after_while_held(&server, "retry-default").await;
+    assert!(
+        (25..=30).contains(&retry_after),
+        "Retry-After {retry_after} is not the time left on a fresh 30 s lease"
+    );
+}
+
+/// The 409's `Retry-After` follows a configured lease (5 s).
+pub async fn retry_after_reflects_configured_lease(store: impl Store) {
+    let server = serve(Idempotency::new(store).with_lease(Duration::from_secs(5))).await;
+    let retry_after = retry_after_while_held(&server, "retry-5s").await;
+    assert!(
+        (3..=5).contains(&retry_after),
+        "Retry-After {retry_after} is not the time left on a fresh 5 s lease"
+    );
+}

@@ -1,0 +1,291 @@
+//! Transactional mode (PostgreSQL and SQLite): the handler's writes commit with the saved answer.
+//!
+//! Store-specific: instantiated per SQL store by [`transactional_tests!`](crate::transactional_tests).
+
+use super::*;
+
+/// Instantiate every transactional behaviour in the calling module against a fresh SQL store made
+/// by `$store` (an expression, evaluated inside the test).
+#[macro_export]
+macro_rules! transactional_tests {
+    ($store:expr) => {
+        $crate::transactional_tests!(@list [tests $store]);
+    };
+    (@names) => {
+        $crate::transactional_tests!(@list [names])
+    };
+    (@list $mode:tt) => {
+        $crate::transactional_tests! {@expand $mode;
+            transactional_commit_saves_row_and_answer,
+            transactional_503_rolls_back_and_releases,
+            transactional_without_begin_is_saved,
+            transactional_lease_lost_rolls_back_with_409,
+            transactional_panic_rolls_back_and_releases,
+        }
+    };
+    (@expand [names]; $($name:ident),+ $(,)?) => {
+        &[$(stringify!($name)),+]
+    };
+    (@expand [tests $store:expr]; $($name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let store = $store;
+                $crate::suite::bounded(
+                    $crate::suite::TEST_TIMEOUT,
+                    stringify!($name),
+                    $crate::suite::transactional::$name(store),
+                )
+                .await;
+            }
+        )+
+    };
+}
+
+/// The transactional behaviours, by name.
+pub const TRANSACTIONAL: &[&str] = crate::transactional_tests!(@names);
+
+/// A `widgets` table the transactional handlers write to, for each SQL database.
+pub trait Widgets: sqlx::Database {
+    /// Create the table.
+    fn create_table(pool: &sqlx::Pool<Self>) -> impl Future<Output = ()> + Send;
+    /// Insert one row in the handler's idempotency transaction.
+    fn insert(
+        tx: &IdempotencyTransaction<Self>,
+        note: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// How many rows the table holds (committed ones).
+    fn count(pool: &sqlx::Pool<Self>) -> impl Future<Output = i64> + Send;
+    /// Simulate a takeover of every running record behind the holder's back: a new token and a
+    /// lapsed lease, as if another attempt had claimed it (the library's documented schema).
+    fn steal_running(pool: &sqlx::Pool<Self>) -> impl Future<Output = ()> + Send;
+}
+
+const CREATE_WIDGETS: &str = "CREATE TABLE widgets (note TEXT NOT NULL)";
+
+impl Widgets for sqlx::Postgres {
+    async fn create_table(pool: &sqlx::PgPool) {
+        sqlx::query(CREATE_WIDGETS).execute(pool).await.unwrap();
+    }
+
+    async fn insert(tx: &IdempotencyTransaction<Self>, note: &str) -> Result<(), sqlx::Error> {
+        let mut tx = tx.begin().await?;
+        sqlx::query("INSERT INTO widgets (note) VALUES ($1)")
+            .bind(note)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn count(pool: &sqlx::PgPool) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM widgets")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    async fn steal_running(pool: &sqlx::PgPool) {
+        let stolen = sqlx::query(
+            "UPDATE idempotency_records SET token = gen_random_uuid(), \
+             lease_until = now() - interval '1 second' WHERE state = 'running'",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        assert_eq!(stolen.rows_affected(), 1);
+    }
+}
+
+impl Widgets for sqlx::Sqlite {
+    async fn create_table(pool: &sqlx::SqlitePool) {
+        sqlx::query(CREATE_WIDGETS).execute(pool).await.unwrap();
+    }
+
+    async fn insert(tx: &IdempotencyTransaction<Self>, note: &str) -> Result<(), sqlx::Error> {
+        let mut tx = tx.begin().await?;
+        sqlx::query("INSERT INTO widgets (note) VALUES (?)")
+            .bind(note)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn count(pool: &sqlx::SqlitePool) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM widgets")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    async fn steal_running(pool: &sqlx::SqlitePool) {
+        let stolen = sqlx::query(
+            "UPDATE idempotency_records SET token = randomblob(16), lease_until = 0 \
+             WHERE state = 'running'",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        assert_eq!(stolen.rows_affected(), 1);
+    }
+}
+
+/// `POST /tx/flaky`: writes a row in the transaction; answers 503 on its first execution and 201
+/// after. `POST /tx/write`: writes a row, 201. `POST /tx/none`: never begins the transaction, 201.
+/// `POST /tx/panic`: writes a row, then panics on its first execution; 201 after.
+/// `POST /tx/stolen`: on its first execution, its record is taken over behind its back before
+/// it writes its row; 201.
+fn tx_routes<DB: Widgets>(state: AppRef, pool: sqlx::Pool<DB>) -> Router {
+    async fn write<DB: Widgets>(
+        State((state, pool)): State<(AppRef, sqlx::Pool<DB>)>,
+        tx: IdempotencyTransaction<DB>,
+        Path(what): Path<String>,
+        key: IdempotencyKey,
+        body: Bytes,
+    ) -> Response {
+        let n = state.execute(Some(&key));
+        if what == "none" {
+            return answer(StatusCode::CREATED, n, &body);
+        }
+        if what == "stolen" && n == 1 {
+            DB::steal_running(&pool).await;
+        }
+        if let Err(err) = DB::insert(&tx, key.as_str()).await {
+            return (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response();
+        }
+        if what == "panic" && n == 1 {
+            panic!("POST /tx/panic panics after its write (on purpose)");
+        }
+        let status = if what == "flaky" && n == 1 {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::CREATED
+        };
+        answer(status, n, &body)
+    }
+    Router::new()
+        .route("/tx/{what}", post(write::<DB>))
+        .with_state((state, pool))
+}
+
+async fn serve_transactional<St>(store: St) -> (TestServer, sqlx::Pool<St::Database>)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let pool = store.pool().clone();
+    <St::Database as Widgets>::create_table(&pool).await;
+    let state = AppRef::default();
+    let router = tx_routes::<St::Database>(state.clone(), pool.clone())
+        .layer(Idempotency::new(store).transactional());
+    (serve_router(router, state).await, pool)
+}
+
+/// Transactional mode: the handler's row and the saved answer commit together; the retry
+/// replays and there is one row.
+pub async fn transactional_commit_saves_row_and_answer<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_transactional(store).await;
+    let first = send(server.post_key("/tx/write", "tx-1", ORDER)).await;
+    first.assert_executed(StatusCode::CREATED, 1);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    send(server.post_key("/tx/write", "tx-1", ORDER))
+        .await
+        .assert_replay_of(&first);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    assert_eq!(server.state.executions(), 1);
+}
+
+/// Transactional mode: a 503 rolls the handler's row back and releases the key; the retry runs
+/// again, commits its row, and is replayed after.
+pub async fn transactional_503_rolls_back_and_releases<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_transactional(store).await;
+    send(server.post_key("/tx/flaky", "tx-2", ORDER))
+        .await
+        .assert_executed(StatusCode::SERVICE_UNAVAILABLE, 1);
+    assert_eq!(
+        <St::Database as Widgets>::count(&pool).await,
+        0,
+        "the 503's row was committed"
+    );
+    let second = send(server.post_key("/tx/flaky", "tx-2", ORDER)).await;
+    second.assert_executed(StatusCode::CREATED, 2);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    send(server.post_key("/tx/flaky", "tx-2", ORDER))
+        .await
+        .assert_replay_of(&second);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    assert_eq!(server.state.executions(), 2);
+}
+
+/// Transactional mode: a handler that never begins the transaction still has its answer saved.
+pub async fn transactional_without_begin_is_saved<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_transactional(store).await;
+    let first = send(server.post_key("/tx/none", "tx-3", ORDER)).await;
+    first.assert_executed(StatusCode::CREATED, 1);
+    send(server.post_key("/tx/none", "tx-3", ORDER))
+        .await
+        .assert_replay_of(&first);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 0);
+    assert_eq!(server.state.executions(), 1);
+}
+
+/// Transactional mode: a holder whose record was taken over while it ran cannot commit: its row
+/// is rolled back and its client gets 409 with `Retry-After`; the retry does the work once.
+pub async fn transactional_lease_lost_rolls_back_with_409<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_transactional(store).await;
+    let lost = send(server.post_key("/tx/stolen", "tx-4", ORDER)).await;
+    lost.assert_in_flight();
+    assert_eq!(server.state.executions(), 1);
+    assert_eq!(
+        <St::Database as Widgets>::count(&pool).await,
+        0,
+        "the fenced-out holder committed its row"
+    );
+    // the lease of the (simulated) new holder has lapsed: the retry takes over and commits once
+    let retry = send(server.post_key("/tx/stolen", "tx-4", ORDER)).await;
+    retry.assert_executed(StatusCode::CREATED, 2);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    send(server.post_key("/tx/stolen", "tx-4", ORDER))
+        .await
+        .assert_replay_of(&retry);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    assert_eq!(server.state.executions(), 2);
+}
+
+/// Transactional mode: a handler that panics after its write has the write rolled back and the
+/// key released; the retry does the work once.
+pub async fn transactional_panic_rolls_back_and_releases<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_transactional(store).await;
+    let failed = try_send(server.post_key("/tx/panic", "tx-5", ORDER)).await;
+    assert!(
+        failed.is_err(),
+        "the panicking attempt answered: {failed:?}"
+    );
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 0);
+    let retry = send(server.post_key("/tx/panic", "tx-5", ORDER)).await;
+    retry.assert_executed(StatusCode::CREATED, 2);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    send(server.post_key("/tx/panic", "tx-5", ORDER))
+        .await
+        .assert_replay_of(&retry);
+    assert_eq!(server.state.executions(), 2);
+}

@@ -1,0 +1,32 @@
+//! The store contract (`tower_idempotency_tests::contract`) against every backend: the same
+//! list of tests, expanded once per store by `store_contract_tests!`, each on a fresh store (a
+//! new database, SQLite file or Redis key prefix).
+//!
+//! Run with `DATABASE_URL`, `REDIS_URL` and `REDIS_CLUSTER_URLS` set (see `scripts/test.sh`).
+
+use tower_idempotency_tests::{store_contract_tests, stores};
+
+mod memory {
+    use super::*;
+    store_contract_tests!(stores::memory_store().await);
+}
+
+mod postgres {
+    use super::*;
+    store_contract_tests!(stores::postgres_store().await);
+}
+
+mod sqlite {
+    use super::*;
+    store_contract_tests!(stores::sqlite_store().await);
+}
+
+mod redis {
+    use super::*;
+    store_contract_tests!(stores::redis_store().await);
+}
+
+mod redis_cluster {
+    use super::*;
+    store_contract_tests!(stores::redis_cluster_store().await);
+}
