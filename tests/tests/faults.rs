@@ -9,7 +9,7 @@
 //! | store down between the work and the save (standard) | answer sent unsaved; 409 inside the lease, runs again after it (the documented gap) |
 //! | cut before the `COMMIT` reaches PostgreSQL | 503, work rolled back; the retry runs once |
 //! | cut after the `COMMIT`, before its answer | 503, work committed with the answer; the retry replays |
-//! | 2 s latency, 500 ms store timeout | 503 within about the timeout; the pool is whole afterwards |
+//! | 2 s latency, 500 ms store timeout (standard and wait mode) | 503 within about the timeout; the pool is whole afterwards |
 //! | 2 s latency from the save in the transaction on | 503 within about the timeout; the work rolls back |
 
 use std::{
@@ -566,6 +566,25 @@ async fn postgres_latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_c
     db.wait_pool_whole(max_connections).await;
     after_the_latency_every_key_executes_once(&server, &keys).await;
     db.wait_pool_whole(max_connections).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_latency_in_wait_mode_is_503_quickly() {
+    let max_connections = 4;
+    let db = postgres(max_connections).await;
+    let layer = db
+        .layer()
+        .await
+        .with_store_timeout(STORE_TIMEOUT)
+        .wait_for_in_flight(Duration::from_secs(10));
+    let server = serve(layer, db.proxy.clone()).await;
+    assert_eq!(
+        server.post("/orders", "warm").await.status,
+        StatusCode::CREATED
+    );
+    let keys = latency_beyond_the_store_timeout(&server, &db.proxy).await;
+    db.wait_pool_whole(max_connections).await;
+    after_the_latency_every_key_executes_once(&server, &keys).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
