@@ -1,0 +1,16 @@
+-- tower-idempotency-consumer: one row per event a consumer has processed.
+--
+-- consumer      the name of the consumer (one queue handler or webhook endpoint)
+-- event_id      the event's id as the provider sends it
+-- processed_at  when the work committed: milliseconds since the Unix epoch, by SQLite's clock;
+--               the sweep deletes by it
+--
+-- The row is inserted in the work's own transaction: it exists if and only if the work committed.
+CREATE TABLE IF NOT EXISTS processed_events (
+    consumer     TEXT    NOT NULL,
+    event_id     TEXT    NOT NULL,
+    processed_at INTEGER NOT NULL,
+    PRIMARY KEY (consumer, event_id)
+) STRICT;
+
+CREATE INDEX IF NOT EXISTS processed_events_processed_at ON processed_events (processed_at);

@@ -1,0 +1,45 @@
+/// Why [`process_once`](crate#guarantees) did not finish, generic over the work's own error `E`.
+///
+/// The work's error comes back untouched in [`Error::Work`]; everything else is the backend's.
+/// In both cases nothing was recorded: the event is still unprocessed and a redelivery runs the
+/// work (with one exception, a commit whose answer was lost: see [`Error::Database`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error<E> {
+    /// The work returned an error; its transaction was rolled back (or its claim released).
+    #[error("the event's work failed")]
+    Work(#[source] E),
+    /// The database failed: beginning, the dedupe insert, the commit or a rollback.
+    ///
+    /// If the commit itself failed on a lost connection the outcome is unknown; the next
+    /// delivery settles it (`Duplicate` if it had committed).
+    #[cfg(feature = "sqlx")]
+    #[error("the processed-events database failed")]
+    Database(#[source] sqlx::Error),
+    /// Redis failed: the claim, a lease renewal, the completion or the release.
+    #[cfg(feature = "redis")]
+    #[error("the processed-events Redis failed")]
+    Redis(#[source] redis::RedisError),
+    /// The claim's lease passed (or was taken over) before the work finished.
+    ///
+    /// Another delivery may be running the work now. If the work was still running it was
+    /// cancelled at its next `.await`; if it had finished, its effects stand but the event was
+    /// not marked done.
+    #[cfg(feature = "redis")]
+    #[error("the event's claim lapsed before the work finished")]
+    LeaseLost,
+}
+
+#[cfg(feature = "sqlx")]
+impl<E> From<sqlx::Error> for Error<E> {
+    fn from(err: sqlx::Error) -> Self {
+        Error::Database(err)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<E> From<redis::RedisError> for Error<E> {
+    fn from(err: redis::RedisError) -> Self {
+        Error::Redis(err)
+    }
+}

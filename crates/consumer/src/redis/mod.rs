@@ -1,0 +1,302 @@
+//! Redis (feature `redis`): a fenced claim with a lease, for work that writes no database row.
+//!
+//! An e-mail, a call to another API, a message to another queue: work that cannot share a
+//! transaction with a dedupe row. [`RedisConsumer::process_once`] claims the event, runs the
+//! work while renewing the claim's lease, and marks the event done for the retention period.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_idempotency_consumer::redis::{RedisConsumer, RedisOutcome};
+//!
+//! # async fn send_receipt() -> Result<(), std::io::Error> { Ok(()) }
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = redis::Client::open("redis://127.0.0.1:6379")?;
+//! let receipts = RedisConsumer::connect(client, "receipts").await?;
+//!
+//! match receipts.process_once("evt_123", Duration::from_secs(30), || send_receipt()).await? {
+//!     RedisOutcome::Processed(()) => {}            // sent now
+//!     RedisOutcome::Duplicate => {}                // sent before: acknowledge
+//!     RedisOutcome::InProgress { .. } => {}        // being sent: let the provider redeliver
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Data layout
+//!
+//! One string key per event: `<prefix>:{<hex>}`, where `<hex>` is the SHA-256 of the consumer
+//! name and the event id (so any id is a safe key) and the braces are literal: they are the
+//! key's Redis Cluster hash tag. Its value is the holder's token (a UUID) while the work runs,
+//! expiring with the lease, then `done`, expiring after the [retention](RedisConsumer::with_retention).
+//!
+//! # Fencing
+//!
+//! Each operation is one Lua script on the one key, so check and write are one step:
+//!
+//! - **claim**: `SET key <fresh token> NX PX <lease>`; otherwise `done` or in progress;
+//! - **renew** (every third of the lease while the work runs) and **complete** (`SET key done PX
+//!   <retention>`) and **release** (`DEL`, when the work fails or panics) act only if the key
+//!   still holds this delivery's token.
+//!
+//! A holder whose lease lapsed (a pause longer than the lease, a lost connection) cannot
+//! complete or release someone else's claim: it gets [`Error::LeaseLost`] and its work, if still
+//! running, is cancelled. The work runs at most once as long as each run finishes, or is
+//! cancelled, within its lease; pick a lease well above the work's longest run.
+//!
+//! # Durability
+//!
+//! A `done` key survives a restart or failover only as far as Redis persistence and replication
+//! allow; a lost key lets a redelivery run the work again. When the work writes to a database,
+//! prefer the [`postgres`](crate#guarantees) or `sqlite` modules, which commit the dedupe row
+//! with the work.
+
+use std::{
+    fmt,
+    future::Future,
+    panic::AssertUnwindSafe,
+    sync::{Arc, LazyLock},
+    time::Duration,
+};
+
+use futures_util::FutureExt;
+use redis::{aio::ConnectionLike, aio::ConnectionManager, Script};
+use sha2::{Digest, Sha256};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::Error;
+
+/// The key prefix used unless [`RedisConsumer::with_prefix`] sets another.
+pub const DEFAULT_PREFIX: &str = "processed-events";
+
+/// How long a `done` key is kept unless [`RedisConsumer::with_retention`] says otherwise: seven
+/// days, longer than the redelivery window of common providers (Stripe retries for three days).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
+static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("complete.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+
+/// What [`RedisConsumer::process_once`] did with one delivery of an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "InProgress means the work did not run here: the delivery should be retried later"]
+pub enum RedisOutcome<T> {
+    /// The work ran and the event is marked done; here is its value.
+    Processed(T),
+    /// The event was processed before: the work did not run.
+    Duplicate,
+    /// Another delivery holds the claim and is running the work: it did not run here.
+    ///
+    /// Nack or answer with a retryable status; after `lease_remaining` the claim lapses if its
+    /// holder died.
+    InProgress {
+        /// The time left on the holder's lease.
+        lease_remaining: Duration,
+    },
+}
+
+/// Runs work at most once per event id of one consumer, with claims in Redis.
+///
+/// `C` is any async Redis connection that can be cloned cheaply: a
+/// [`ConnectionManager`] (the default, see [`connect`](Self::connect)), a multiplexed
+/// connection, or a Redis Cluster connection (every key has its own hash tag). Clones share the
+/// connection.
+#[derive(Clone)]
+pub struct RedisConsumer<C = ConnectionManager> {
+    conn: C,
+    consumer: Arc<str>,
+    prefix: Arc<str>,
+    retention: Duration,
+}
+
+impl<C> fmt::Debug for RedisConsumer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConsumer")
+            .field("consumer", &self.consumer)
+            .field("prefix", &self.prefix)
+            .field("retention", &self.retention)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisConsumer<ConnectionManager> {
+    /// Open a [`ConnectionManager`] on `client` and a consumer named `consumer` over it.
+    pub async fn connect(
+        client: redis::Client,
+        consumer: impl Into<Arc<str>>,
+    ) -> redis::RedisResult<Self> {
+        Ok(Self::new(client.get_connection_manager().await?, consumer))
+    }
+}
+
+impl<C> RedisConsumer<C>
+where
+    C: ConnectionLike + Clone + Send,
+{
+    /// A consumer named `consumer` (one queue handler, one webhook endpoint) over `conn`, with
+    /// the [`DEFAULT_PREFIX`] and [`DEFAULT_RETENTION`].
+    pub fn new(conn: C, consumer: impl Into<Arc<str>>) -> Self {
+        Self {
+            conn,
+            consumer: consumer.into(),
+            prefix: DEFAULT_PREFIX.into(),
+            retention: DEFAULT_RETENTION,
+        }
+    }
+
+    /// Put this consumer's keys under `prefix` instead of [`DEFAULT_PREFIX`].
+    ///
+    /// ```
+    /// # use tower_idempotency_consumer::redis::RedisConsumer;
+    /// # fn run(conn: redis::aio::ConnectionManager) {
+    /// let consumer = RedisConsumer::new(conn, "receipts").with_prefix("shop");
+    /// assert!(consumer.key("evt_1").starts_with("shop:{"));
+    /// # }
+    /// ```
+    pub fn with_prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Keep a `done` event for `retention` instead of [`DEFAULT_RETENTION`].
+    ///
+    /// # Warning
+    ///
+    /// A redelivery after the retention runs the work again: keep it longer than the provider's
+    /// redelivery window.
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// The Redis key of `event_id` for this consumer (see [data layout](self#data-layout)).
+    pub fn key(&self, event_id: &str) -> String {
+        let mut hash = Sha256::new();
+        // Length-prefixed, so that ("ab", "c") and ("a", "bc") never share a key.
+        hash.update((self.consumer.len() as u64).to_be_bytes());
+        hash.update(self.consumer.as_bytes());
+        hash.update(event_id.as_bytes());
+        let hex: String = hash
+            .finalize()
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        format!("{}:{{{hex}}}", self.prefix)
+    }
+
+    /// Run `work` for the event unless it was processed before or is being processed now.
+    ///
+    /// The claim holds for `lease` and is renewed every third of it while `work` runs. When
+    /// `work` returns `Ok`, the event is marked done for the retention period; when it returns
+    /// `Err` ([`Error::Work`]) or panics, the claim is released so that a redelivery runs it
+    /// again. A claim lost while the work runs cancels the work: [`Error::LeaseLost`].
+    ///
+    /// If Redis fails after the work succeeded ([`Error::Redis`]), the event is not marked done:
+    /// once the lease lapses a redelivery runs the work again.
+    pub async fn process_once<T, E, F, Fut>(
+        &self,
+        event_id: &str,
+        lease: Duration,
+        work: F,
+    ) -> Result<RedisOutcome<T>, Error<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let key = self.key(event_id);
+        let lease_ms = millis(lease).max(1);
+        let token = uuid::Uuid::new_v4().to_string();
+        let mut conn = self.conn.clone();
+
+        let claimed_at = Instant::now();
+        let (outcome, remaining_ms): (String, i64) = CLAIM
+            .key(&key)
+            .arg(&token)
+            .arg(lease_ms)
+            .invoke_async(&mut conn)
+            .await?;
+        match outcome.as_str() {
+            "claimed" => {}
+            "done" => return Ok(RedisOutcome::Duplicate),
+            _ => {
+                return Ok(RedisOutcome::InProgress {
+                    lease_remaining: Duration::from_millis(remaining_ms.max(0).unsigned_abs()),
+                })
+            }
+        }
+
+        let mut held_until = claimed_at + Duration::from_millis(lease_ms);
+        let period = Duration::from_millis((lease_ms / 3).max(1));
+        let mut renewals = tokio::time::interval_at(claimed_at + period, period);
+        renewals.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let work = AssertUnwindSafe(work()).catch_unwind();
+        let mut work = std::pin::pin!(work);
+        let finished = loop {
+            tokio::select! {
+                finished = &mut work => break finished,
+                _ = renewals.tick() => {
+                    let sent = Instant::now();
+                    let renewed: redis::RedisResult<i64> = RENEW
+                        .key(&key)
+                        .arg(&token)
+                        .arg(lease_ms)
+                        .invoke_async(&mut conn)
+                        .await;
+                    match renewed {
+                        Ok(1) => held_until = sent + Duration::from_millis(lease_ms),
+                        // Dropping `work` here cancels it: another delivery may hold the claim.
+                        Ok(_) => return Err(Error::LeaseLost),
+                        Err(_) if Instant::now() >= held_until => return Err(Error::LeaseLost),
+                        Err(err) => tracing::warn!(
+                            target: "tower_idempotency_consumer",
+                            consumer = &*self.consumer, event_id, error = %err,
+                            "lease renewal failed; trying again",
+                        ),
+                    }
+                }
+            }
+        };
+
+        match finished {
+            Ok(Ok(value)) => {
+                let completed: i64 = COMPLETE
+                    .key(&key)
+                    .arg(&token)
+                    .arg(millis(self.retention).max(1))
+                    .invoke_async(&mut conn)
+                    .await?;
+                if completed == 1 {
+                    Ok(RedisOutcome::Processed(value))
+                } else {
+                    Err(Error::LeaseLost)
+                }
+            }
+            Ok(Err(err)) => {
+                self.release(&mut conn, &key, &token, event_id).await;
+                Err(Error::Work(err))
+            }
+            Err(panic) => {
+                self.release(&mut conn, &key, &token, event_id).await;
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// Give the claim back after a failure, so that a redelivery need not wait for the lease.
+    async fn release(&self, conn: &mut C, key: &str, token: &str, event_id: &str) {
+        let released: redis::RedisResult<i64> =
+            RELEASE.key(key).arg(token).invoke_async(conn).await;
+        if let Err(err) = released {
+            // The lease lapses by itself: the redelivery only waits longer.
+            tracing::warn!(
+                target: "tower_idempotency_consumer",
+                consumer = &*self.consumer, event_id, error = %err,
+                "releasing the claim after a failed work failed",
+            );
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

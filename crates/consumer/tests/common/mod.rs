@@ -1,0 +1,180 @@
+//! Shared helpers: fresh databases, Redis prefixes, and the child process of the crash tests.
+//!
+//! URLs are read at run time; a missing variable fails the test with the variable's name.
+
+#![allow(dead_code)] // each test binary uses its own part of this module
+
+use std::{
+    process::Stdio,
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+#[cfg(feature = "sqlx")]
+use sqlx::Executor;
+#[cfg(feature = "postgres")]
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    ConnectOptions, Connection, PgPool,
+};
+#[cfg(feature = "sqlite")]
+use sqlx::{
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
+    SqlitePool,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// The environment variable that turns a crash test into the crash's child process; its value
+/// says which database (a PostgreSQL URL, an SQLite path, a Redis prefix) the child works on.
+pub const CHILD_ENV: &str = "CONSUMER_CRASH_CHILD";
+
+/// What the child prints once the work is done and the commit is all that remains.
+pub const READY: &str = "WORK-DONE-NOT-COMMITTED";
+
+/// How many deliveries the concurrency tests start at once.
+pub const DELIVERIES: usize = 10;
+
+/// `DATABASE_URL`, the PostgreSQL server the tests create their databases on.
+pub fn postgres_url() -> String {
+    std::env::var("DATABASE_URL").expect(
+        "DATABASE_URL is not set: export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
+    )
+}
+
+/// `REDIS_URL`, the Redis server the tests use (each test under its own key prefix).
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL")
+        .expect("REDIS_URL is not set: export REDIS_URL=redis://127.0.0.1:6379")
+}
+
+/// A name no other test in this run or any earlier run uses.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+#[cfg(feature = "postgres")]
+/// A freshly created PostgreSQL database of its own, migrated; returns its pool and URL.
+///
+/// The name starts with `tidem_` so that `scripts/test.sh` drops it on the next run.
+pub async fn fresh_postgres() -> (PgPool, String) {
+    let url = postgres_url();
+    let db = unique_name("tidem_consumer");
+    let mut admin = sqlx::PgConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
+    admin
+        .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{db}""#)))
+        .await
+        .expect("create the test database");
+    let options: PgConnectOptions = url.parse().expect("DATABASE_URL parses");
+    let db_url = options.database(&db).to_url_lossy().to_string();
+    let pool = postgres_pool(&db_url).await;
+    tower_idempotency_consumer::postgres::migrate(&pool)
+        .await
+        .expect("migrate processed_events");
+    pool.execute("CREATE TABLE effects (event_id text NOT NULL, delivery integer NOT NULL)")
+        .await
+        .expect("create the effects table");
+    (pool, db_url)
+}
+
+#[cfg(feature = "postgres")]
+/// A pool on an existing PostgreSQL database.
+pub async fn postgres_pool(url: &str) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(DELIVERIES as u32 + 2)
+        .connect(url)
+        .await
+        .expect("connect to the test database")
+}
+
+#[cfg(feature = "sqlite")]
+/// A fresh SQLite file in the system temp dir, migrated; returns its pool and path.
+pub async fn fresh_sqlite() -> (SqlitePool, String) {
+    let path = std::env::temp_dir().join(format!("{}.db", unique_name("tidem_consumer")));
+    let path = path.to_str().expect("a UTF-8 temp dir").to_owned();
+    let pool = sqlite_pool(&path).await;
+    tower_idempotency_consumer::sqlite::migrate(&pool)
+        .await
+        .expect("migrate processed_events");
+    pool.execute("CREATE TABLE effects (event_id TEXT NOT NULL, delivery INTEGER NOT NULL)")
+        .await
+        .expect("create the effects table");
+    (pool, path)
+}
+
+#[cfg(feature = "sqlite")]
+/// A pool on an SQLite file (WAL mode, a busy timeout long enough for the tests' work).
+pub async fn sqlite_pool(path: &str) -> SqlitePool {
+    let options = SqliteConnectOptions::new()
+        .filename(std::path::Path::new(path))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(20));
+    SqlitePoolOptions::new()
+        .max_connections(DELIVERIES as u32 + 2)
+        .connect_with(options)
+        .await
+        .expect("open the SQLite file")
+}
+
+#[cfg(feature = "redis")]
+/// A connection manager on `REDIS_URL`.
+pub async fn redis_connection() -> redis::aio::ConnectionManager {
+    let url = redis_url();
+    redis::Client::open(url.as_str())
+        .unwrap_or_else(|e| panic!("REDIS_URL={url} is not a valid Redis URL: {e}"))
+        .get_connection_manager()
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach Redis at REDIS_URL={url}: {e}"))
+}
+
+/// Run this test binary again as the child of the crash test `test_name`, with `CHILD_ENV` set
+/// to `target`, wait until it prints [`READY`], then kill it with SIGKILL.
+pub async fn run_child_and_kill_it(test_name: &str, target: &str) {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut child = tokio::process::Command::new(exe)
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, target)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the child process");
+    let stdout = child.stdout.take().expect("the child's stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.expect("read the child's stdout") {
+            // libtest prints "test <name> ... " without a newline before the test's output.
+            if line.trim_end().ends_with(READY) {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("the child did its work within 60 s");
+    assert!(ready, "the child exited before its work was done");
+    // tokio's kill is SIGKILL on Unix: no destructor, no rollback sent, no commit.
+    child.kill().await.expect("kill the child");
+    let status = child.wait().await.expect("reap the child");
+    assert!(!status.success(), "the child was killed, not finished");
+}
+
+/// Print [`READY`] for the parent, then wait to be killed.
+pub async fn signal_ready_and_hang() -> ! {
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{READY}").expect("write to the parent");
+        out.flush().expect("flush to the parent");
+    }
+    std::future::pending::<()>().await;
+    unreachable!("pending never completes")
+}

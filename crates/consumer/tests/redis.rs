@@ -1,0 +1,326 @@
+//! `RedisConsumer::process_once`: each test under a key prefix of its own.
+
+mod common;
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use common::{redis_connection, run_child_and_kill_it, signal_ready_and_hang, unique_name};
+use redis::{aio::ConnectionManager, AsyncCommands};
+use tokio::sync::Barrier;
+use tower_idempotency_consumer::{
+    redis::{RedisConsumer, RedisOutcome},
+    Error,
+};
+
+const LEASE: Duration = Duration::from_secs(5);
+
+/// A consumer under `prefix`; its done keys expire soon, so that test runs leave nothing behind.
+async fn consumer(prefix: &str) -> RedisConsumer {
+    RedisConsumer::new(redis_connection().await, "receipts")
+        .with_prefix(prefix)
+        .with_retention(Duration::from_secs(120))
+}
+
+/// The work: count a run (the stand-in for an e-mail sent) and return the count.
+async fn send(runs: &AtomicUsize) -> Result<usize, std::io::Error> {
+    Ok(runs.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_concurrent_deliveries_run_the_work_once() {
+    let consumer = consumer(&unique_name("consumer")).await;
+    let barrier = Arc::new(Barrier::new(common::DELIVERIES));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let deliveries: Vec<_> = (0..common::DELIVERIES)
+        .map(|_| {
+            let (consumer, barrier, runs) = (consumer.clone(), barrier.clone(), runs.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                consumer
+                    .process_once("evt_1", LEASE, || async {
+                        // Work that takes a while, so that the others arrive while it runs.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        send(&runs).await
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let mut processed = 0;
+    let mut not_run = 0;
+    for delivery in deliveries {
+        match delivery.await.expect("no panic").expect("no error") {
+            RedisOutcome::Processed(_) => processed += 1,
+            RedisOutcome::Duplicate | RedisOutcome::InProgress { .. } => not_run += 1,
+        }
+    }
+    assert_eq!((processed, not_run), (1, common::DELIVERIES - 1));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
+    // Once done, every redelivery is a duplicate.
+    for _ in 0..common::DELIVERIES {
+        let again = consumer.process_once("evt_1", LEASE, || send(&runs)).await;
+        assert_eq!(again.expect("redelivery"), RedisOutcome::Duplicate);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_work_releases_the_claim_and_the_redelivery_runs_it_once() {
+    let consumer = consumer(&unique_name("consumer")).await;
+    let runs = AtomicUsize::new(0);
+    let failed = consumer
+        .process_once("evt_1", LEASE, || async {
+            send(&runs).await?;
+            Err::<usize, _>(std::io::Error::other("the mail server said no"))
+        })
+        .await;
+    assert!(matches!(failed, Err(Error::Work(_))), "{failed:?}");
+    // Released at once: no waiting for the lease.
+    let retried = consumer.process_once("evt_1", LEASE, || send(&runs)).await;
+    assert_eq!(retried.expect("redelivery"), RedisOutcome::Processed(2));
+    let again = consumer.process_once("evt_1", LEASE, || send(&runs)).await;
+    assert_eq!(again.expect("third delivery"), RedisOutcome::Duplicate);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "one failed run, one successful run"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panic_releases_the_claim_and_the_redelivery_runs_it_once() {
+    let consumer = consumer(&unique_name("consumer")).await;
+    let panicked = tokio::spawn({
+        let consumer = consumer.clone();
+        async move {
+            consumer
+                .process_once("evt_1", LEASE, || async {
+                    panic!("the work panicked");
+                    #[allow(unreachable_code)]
+                    Ok::<(), std::io::Error>(())
+                })
+                .await
+        }
+    })
+    .await;
+    assert!(panicked.expect_err("the task panicked").is_panic());
+    let runs = AtomicUsize::new(0);
+    let retried = consumer.process_once("evt_1", LEASE, || send(&runs)).await;
+    assert_eq!(retried.expect("redelivery"), RedisOutcome::Processed(1));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lease_is_renewed_while_a_long_work_runs() {
+    let consumer = consumer(&unique_name("consumer")).await;
+    let lease = Duration::from_millis(300);
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = tokio::spawn({
+        let consumer = consumer.clone();
+        async move {
+            consumer
+                .process_once("evt_1", lease, || async move {
+                    started_tx.send(()).expect("the test waits");
+                    go_rx.await.expect("the test says go");
+                    Ok::<_, std::io::Error>("sent")
+                })
+                .await
+        }
+    });
+    started_rx.await.expect("the work started");
+    // Three leases later the claim still holds, because it was renewed.
+    tokio::time::sleep(lease * 3).await;
+    let runs = AtomicUsize::new(0);
+    let during = consumer.process_once("evt_1", lease, || send(&runs)).await;
+    assert!(
+        matches!(during, Ok(RedisOutcome::InProgress { lease_remaining }) if lease_remaining <= lease),
+        "{during:?}"
+    );
+    go_tx.send(()).expect("the work waits");
+    assert_eq!(
+        first.await.expect("no panic").expect("first"),
+        RedisOutcome::Processed("sent")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_that_lost_its_claim_cannot_complete_it() {
+    let prefix = unique_name("consumer");
+    let consumer = consumer(&prefix).await;
+    let key = consumer.key("evt_1");
+    let mut conn = redis_connection().await;
+    let taken = consumer
+        .process_once("evt_1", LEASE, || {
+            let (mut conn, key) = (conn.clone(), key.clone());
+            async move {
+                // Another delivery takes the claim over (as after a lapsed lease).
+                let () = conn.set(&key, "another-token").await.expect("take over");
+                Ok::<_, redis::RedisError>(())
+            }
+        })
+        .await;
+    assert!(matches!(taken, Err(Error::LeaseLost)), "{taken:?}");
+    let value: String = conn.get(&key).await.expect("read the key");
+    assert_eq!(value, "another-token", "the fenced holder changed nothing");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_claim_cancels_the_running_work() {
+    let consumer = consumer(&unique_name("consumer")).await;
+    let key = consumer.key("evt_1");
+    let conn = redis_connection().await;
+    let lease = Duration::from_millis(300);
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(10),
+        consumer.process_once("evt_1", lease, || {
+            let (mut conn, key) = (conn.clone(), key.clone());
+            async move {
+                let () = conn.set(&key, "another-token").await.expect("take over");
+                // Never finishes: only the failed renewal can end this delivery.
+                std::future::pending::<Result<(), redis::RedisError>>().await
+            }
+        }),
+    )
+    .await
+    .expect("the renewal noticed the lost claim");
+    assert!(matches!(outcome, Err(Error::LeaseLost)), "{outcome:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crashed_holder_blocks_redeliveries_until_its_lease_lapses() {
+    let lease = Duration::from_millis(1500);
+    if let Ok(prefix) = std::env::var(common::CHILD_ENV) {
+        // The child: claim the event, then die (the parent kills us) in the middle of the work.
+        let consumer = consumer(&prefix).await;
+        let result = consumer
+            .process_once::<(), redis::RedisError, _, _>("evt_1", lease, || async {
+                signal_ready_and_hang().await
+            })
+            .await;
+        panic!("the child should be killed while its work waits, but it ended: {result:?}");
+    }
+    let prefix = unique_name("consumer");
+    let consumer = consumer(&prefix).await;
+    run_child_and_kill_it(
+        "a_crashed_holder_blocks_redeliveries_until_its_lease_lapses",
+        &prefix,
+    )
+    .await;
+
+    let runs = AtomicUsize::new(0);
+    let blocked = consumer.process_once("evt_1", lease, || send(&runs)).await;
+    let Ok(RedisOutcome::InProgress { lease_remaining }) = blocked else {
+        panic!("the dead holder's claim still holds: {blocked:?}");
+    };
+    assert!(lease_remaining <= lease);
+    // The claim lapses by Redis's clock: wait out the time it reported, and a little more.
+    tokio::time::sleep(lease_remaining + Duration::from_millis(50)).await;
+    let retried = consumer.process_once("evt_1", lease, || send(&runs)).await;
+    assert_eq!(retried.expect("redelivery"), RedisOutcome::Processed(1));
+    let again = consumer.process_once("evt_1", lease, || send(&runs)).await;
+    assert_eq!(again.expect("third delivery"), RedisOutcome::Duplicate);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn done_events_expire_after_the_retention_and_keys_are_cluster_safe() {
+    let prefix = unique_name("consumer");
+    let retention = Duration::from_secs(60);
+    let consumer = consumer(&prefix).await.with_retention(retention);
+    let mut conn: ConnectionManager = redis_connection().await;
+    let runs = AtomicUsize::new(0);
+    let done = consumer
+        .process_once("evt_{1}", LEASE, || send(&runs))
+        .await;
+    assert_eq!(done.expect("first delivery"), RedisOutcome::Processed(1));
+
+    let key = consumer.key("evt_{1}");
+    let tag = key
+        .strip_prefix(&format!("{prefix}:{{"))
+        .and_then(|rest| rest.strip_suffix('}'))
+        .expect("<prefix>:{<hash>}");
+    assert!(
+        tag.len() == 64 && tag.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{key}"
+    );
+    assert_ne!(key, consumer.key("evt_{2}"));
+    let other = RedisConsumer::new(conn.clone(), "mailer").with_prefix(prefix.as_str());
+    assert_ne!(
+        key,
+        other.key("evt_{1}"),
+        "consumers have keys of their own"
+    );
+
+    let value: String = conn.get(&key).await.expect("read the key");
+    assert_eq!(value, "done");
+    let ttl: i64 = conn.pttl(&key).await.expect("read the TTL");
+    assert!(
+        ttl > 50_000 && ttl <= 60_000,
+        "retention is the key's TTL: {ttl} ms"
+    );
+}
+
+/// A connection to the Redis Cluster at `REDIS_CLUSTER_URLS` (comma-separated node URLs).
+async fn cluster_connection() -> redis::cluster_async::ClusterConnection {
+    let urls = std::env::var("REDIS_CLUSTER_URLS").expect(
+        "REDIS_CLUSTER_URLS is not set: run scripts/redis-cluster.sh and export \
+         REDIS_CLUSTER_URLS=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003",
+    );
+    let urls: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    redis::cluster::ClusterClient::new(urls.clone())
+        .unwrap_or_else(|e| panic!("REDIS_CLUSTER_URLS={urls:?} is not valid: {e}"))
+        .get_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach the cluster at REDIS_CLUSTER_URLS={urls:?}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_redis_cluster_concurrent_deliveries_of_many_events_run_each_once() {
+    const EVENTS: usize = 20;
+    let consumer = RedisConsumer::new(cluster_connection().await, "receipts")
+        .with_prefix(unique_name("consumer"))
+        .with_retention(Duration::from_secs(120));
+    let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..EVENTS).map(|_| AtomicUsize::new(0)).collect());
+    let barrier = Arc::new(Barrier::new(EVENTS * common::DELIVERIES));
+    let mut tasks = Vec::new();
+    for event in 0..EVENTS {
+        for _ in 0..common::DELIVERIES {
+            let (consumer, barrier, runs) = (consumer.clone(), barrier.clone(), runs.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let event_id = format!("evt_{event}");
+                consumer
+                    .process_once(&event_id, LEASE, || async {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        send(&runs[event]).await
+                    })
+                    .await
+            }));
+        }
+    }
+    let mut processed = 0;
+    for task in tasks {
+        if let RedisOutcome::Processed(_) = task.await.expect("no panic").expect("no error") {
+            processed += 1;
+        }
+    }
+    assert_eq!(processed, EVENTS, "one delivery of each event ran the work");
+    for (event, runs) in runs.iter().enumerate() {
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "evt_{event} ran once");
+        let again = consumer
+            .process_once(&format!("evt_{event}"), LEASE, || send(runs))
+            .await;
+        assert_eq!(again.expect("redelivery"), RedisOutcome::Duplicate);
+    }
+}

@@ -1,0 +1,295 @@
+//! A webhook receiver that checks each delivery's signature and applies each event once.
+//!
+//! Run with: `WEBHOOK_SECRET=whsec_dev cargo run -p webhooks-example` (see `src/main.rs`).
+//!
+//! Payment providers sign their webhooks and redeliver them until they get a 2xx, so the same
+//! event can arrive twice, out of order, or twice at the same moment. This receiver:
+//!
+//! 1. verifies `Webhook-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">` in
+//!    constant time, and refuses a missing, wrong or stale one (default tolerance 5 minutes)
+//!    with 401 `application/problem+json`, before reading the event;
+//! 2. applies the event through
+//!    [`tower_idempotency_consumer::sqlite::process_once`]: the `processed_events` row and the
+//!    `payments` update commit in one transaction, so a redelivery is a no-op and a failure
+//!    leaves nothing behind for the redelivery to trip on;
+//! 3. acknowledges as soon as that one short transaction commits: 200 `{"id", "status"}` with
+//!    `applied`, `duplicate` or `ignored` (an event type it does not handle). A failure is 503,
+//!    which makes the provider redeliver.
+//!
+//! Slow follow-up work (e-mails, calls to other services) does not belong in the request: the
+//! provider would time out and redeliver. Queue it from the same transaction instead.
+//!
+//! [`app`] builds the real router, so the tests drive the same code the binary serves:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = webhooks_example::connect("sqlite://webhooks.db?mode=rwc").await?;
+//! webhooks_example::migrate(&pool).await?;
+//! let app = webhooks_example::app(pool, webhooks_example::Config::new("whsec_dev"));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! | route | answer |
+//! |---|---|
+//! | `POST /webhooks/payments` | 200 `{"id", "status"}`; 401 bad signature; 400 not an event; 503 retry |
+//! | `GET /payments/{payment_id}` | 200 with the payment's totals, or 404 |
+
+use std::{
+    fmt,
+    str::FromStr,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use axum::{
+    body::Bytes,
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode},
+    routing::{get, post},
+    Json, Router,
+};
+use serde::{Deserialize, Serialize};
+use sqlx::{
+    migrate::{MigrateError, Migration, MigrationType, Migrator},
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
+    Row, SqlSafeStr, Sqlite, SqlitePool, Transaction,
+};
+use tower_idempotency_consumer::{sqlite, Error, Outcome};
+
+mod problem;
+pub mod signature;
+
+pub use problem::Problem;
+use signature::SignatureError;
+
+/// The consumer name the events are recorded under in `processed_events`.
+pub const CONSUMER: &str = "payments-webhook";
+
+/// What the receiver needs besides the database: the shared secret and the clock tolerance.
+#[derive(Clone)]
+pub struct Config {
+    secret: Arc<[u8]>,
+    tolerance: Duration,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("secret", &"<redacted>")
+            .field("tolerance", &self.tolerance)
+            .finish()
+    }
+}
+
+impl Config {
+    /// Verify signatures with `secret`, allowing [`signature::DEFAULT_TOLERANCE`] of clock skew
+    /// and delivery delay.
+    pub fn new(secret: impl AsRef<[u8]>) -> Self {
+        Self {
+            secret: secret.as_ref().into(),
+            tolerance: signature::DEFAULT_TOLERANCE,
+        }
+    }
+
+    /// Accept signatures whose timestamp is at most `tolerance` away from now.
+    pub fn with_tolerance(mut self, tolerance: Duration) -> Self {
+        self.tolerance = tolerance;
+        self
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    pool: SqlitePool,
+    config: Config,
+}
+
+/// A payment event, as the provider posts it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// The provider's event id: the same for every redelivery of one event.
+    pub id: String,
+    /// `payment.captured`, `payment.refunded`; other types are acknowledged and ignored.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The payment the event is about.
+    pub data: PaymentData,
+}
+
+/// The payload of a payment event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaymentData {
+    /// The payment's id.
+    pub payment_id: String,
+    /// The amount captured or refunded, in cents; positive.
+    pub amount_cents: i64,
+}
+
+/// A payment's totals: the sum of its events, each counted once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payment {
+    /// The payment's id.
+    pub payment_id: String,
+    /// The sum of its `payment.captured` events.
+    pub captured_cents: i64,
+    /// The sum of its `payment.refunded` events.
+    pub refunded_cents: i64,
+    /// How many events were applied to it.
+    pub events: i64,
+}
+
+/// What the receiver did with a delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    /// The event's id.
+    pub id: String,
+    /// `applied`, `duplicate` (applied before) or `ignored` (a type this receiver skips).
+    pub status: String,
+}
+
+/// The router: `POST /webhooks/payments` and `GET /payments/{payment_id}`.
+///
+/// The database must be migrated ([`migrate`]).
+pub fn app(pool: SqlitePool, config: Config) -> Router {
+    Router::new()
+        .route("/webhooks/payments", post(receive))
+        .route("/payments/{payment_id}", get(payment))
+        .with_state(AppState { pool, config })
+}
+
+/// Open the SQLite database at `url` (WAL mode, a busy timeout for concurrent deliveries).
+pub async fn connect(url: &str) -> Result<SqlitePool, sqlx::Error> {
+    let options = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10));
+    SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+}
+
+/// Create the consumer's `processed_events` and this example's `payments` table.
+pub async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
+    sqlite::migrate(pool).await?;
+    Migrator::with_migrations(vec![Migration::new(
+        1,
+        "payments".into(),
+        MigrationType::Simple,
+        include_str!("../migrations/0001_payments.sql").into_sql_str(),
+        false,
+    )])
+    .run(pool)
+    .await
+}
+
+async fn receive(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Ack>, Problem> {
+    let header = headers
+        .get(signature::HEADER)
+        .map(|value| value.to_str().map_err(|_| SignatureError::Malformed))
+        .transpose()
+        .and_then(|header| {
+            signature::verify(
+                &state.config.secret,
+                header,
+                &body,
+                SystemTime::now(),
+                state.config.tolerance,
+            )
+        });
+    if let Err(err) = header {
+        tracing::warn!(error = %err, "refused a webhook delivery");
+        return Err(Problem::unauthorized(&err));
+    }
+
+    let event: Event = serde_json::from_slice(&body).map_err(|err| {
+        Problem::invalid_event(format!(
+            "the body is not a payment event ({err}); expected \
+             {{\"id\", \"type\", \"data\": {{\"payment_id\", \"amount_cents\"}}}}"
+        ))
+    })?;
+    if event.id.is_empty() || event.data.payment_id.is_empty() || event.data.amount_cents <= 0 {
+        return Err(Problem::invalid_event(
+            "`id` and `data.payment_id` must not be empty and `data.amount_cents` must be positive",
+        ));
+    }
+
+    let id = event.id.clone();
+    // The closure owns the event: its future may only borrow the transaction.
+    let outcome = sqlite::process_once(&state.pool, CONSUMER, &id, move |tx| {
+        Box::pin(async move { apply(tx, &event).await })
+    })
+    .await;
+    let status = match outcome {
+        Ok(Outcome::Processed(true)) => "applied",
+        Ok(Outcome::Processed(false)) => "ignored",
+        Ok(Outcome::Duplicate) => "duplicate",
+        Err(Error::Work(err)) => return Err(Problem::unavailable(&err)),
+        Err(err) => return Err(Problem::unavailable(&err)),
+    };
+    tracing::info!(event_id = %id, status, "webhook delivery");
+    Ok(Json(Ack {
+        id,
+        status: status.into(),
+    }))
+}
+
+/// The event's effect, in the transaction that records it: `true` if it changed a payment.
+async fn apply(tx: &mut Transaction<'static, Sqlite>, event: &Event) -> Result<bool, sqlx::Error> {
+    let (captured, refunded) = match event.kind.as_str() {
+        "payment.captured" => (event.data.amount_cents, 0),
+        "payment.refunded" => (0, event.data.amount_cents),
+        _ => return Ok(false),
+    };
+    sqlx::query(
+        "INSERT INTO payments (payment_id, captured_cents, refunded_cents, events)
+         VALUES ($1, $2, $3, 1)
+         ON CONFLICT (payment_id) DO UPDATE SET
+             captured_cents = captured_cents + excluded.captured_cents,
+             refunded_cents = refunded_cents + excluded.refunded_cents,
+             events = events + 1",
+    )
+    .bind(&event.data.payment_id)
+    .bind(captured)
+    .bind(refunded)
+    .execute(&mut **tx)
+    .await?;
+    Ok(true)
+}
+
+async fn payment(
+    State(state): State<AppState>,
+    Path(payment_id): Path<String>,
+) -> Result<Json<Payment>, Problem> {
+    let row = sqlx::query(
+        "SELECT captured_cents, refunded_cents, events FROM payments WHERE payment_id = $1",
+    )
+    .bind(&payment_id)
+    .fetch_optional(&state.pool)
+    .await
+    .map_err(|err| Problem::unavailable(&err))?;
+    let found = row
+        .map(|row| {
+            Ok::<_, sqlx::Error>(Payment {
+                payment_id: payment_id.clone(),
+                captured_cents: row.try_get("captured_cents")?,
+                refunded_cents: row.try_get("refunded_cents")?,
+                events: row.try_get("events")?,
+            })
+        })
+        .transpose()
+        .map_err(|err| Problem::unavailable(&err))?;
+    found.map(Json).ok_or_else(|| Problem {
+        status: StatusCode::NOT_FOUND,
+        kind: "not-found",
+        title: "Not found",
+        detail: format!("no event has been applied to payment {payment_id}"),
+    })
+}
