@@ -42,7 +42,7 @@ ensure_postgres() {
   port_open 5432 && return 0
   if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
     log "starting PostgreSQL and Redis with docker compose"
-    docker compose up -d --wait
+    docker compose up -d --wait postgres redis
     return 0
   fi
   if ! command -v pg_ctlcluster >/dev/null 2>&1; then

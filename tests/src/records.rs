@@ -14,20 +14,10 @@ use tower_idempotency::{
 
 /// A claim of `key` for the request `fingerprint`, with a fresh fencing token.
 pub fn new_claim(key: KeyHash, fingerprint: Fingerprint, lease: Duration, ttl: Duration) -> Claim {
-    Claim {
-        key,
-        fingerprint,
-        token: FencingToken::new(),
-        lease,
-        ttl,
-    }
+    Claim::new(key, fingerprint, FencingToken::new(), lease, ttl)
 }
 
 /// A response as a store keeps it.
 pub fn stored_response(status: StatusCode, headers: HeaderMap, body: Bytes) -> StoredResponse {
-    StoredResponse {
-        status,
-        headers,
-        body,
-    }
+    StoredResponse::new(status, headers, body)
 }

@@ -1,14 +1,114 @@
-//! The response body type of [`IdempotencyService`](crate::IdempotencyService).
+//! The request and response body types of [`IdempotencyService`](crate::IdempotencyService).
 
 use std::{
     pin::Pin,
     task::{Context, Poll},
 };
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project_lite::pin_project;
+
+pin_project! {
+    /// The request body the inner service receives: the body the layer buffered (to fingerprint
+    /// it), or the caller's own body, untouched, on requests the layer lets through unread
+    /// (uncovered methods, no key with [`optional`](crate::Idempotency::optional)).
+    ///
+    /// Any `B: http_body::Body` goes in (axum's `Body`, hyper's `Incoming`, tonic's `Body`), and
+    /// this always yields [`Bytes`], so axum's `Router`, tonic services and hyper services accept
+    /// it as their request body.
+    pub struct RequestBody<B> {
+        #[pin]
+        kind: RequestKind<B>,
+    }
+}
+
+pin_project! {
+    #[project = RequestKindProj]
+    enum RequestKind<B> {
+        Buffered { #[pin] body: Full<Bytes> },
+        PassThrough { #[pin] body: B },
+    }
+}
+
+impl<B> RequestBody<B> {
+    /// The caller's body, passed through unread.
+    pub fn new(body: B) -> Self {
+        Self {
+            kind: RequestKind::PassThrough { body },
+        }
+    }
+
+    /// A body held whole in memory.
+    pub fn buffered(bytes: impl Into<Bytes>) -> Self {
+        Self {
+            kind: RequestKind::Buffered {
+                body: Full::new(bytes.into()),
+            },
+        }
+    }
+}
+
+impl<B> From<Bytes> for RequestBody<B> {
+    fn from(bytes: Bytes) -> Self {
+        Self::buffered(bytes)
+    }
+}
+
+impl<B> Body for RequestBody<B>
+where
+    B: Body,
+    B::Error: Into<crate::BoxError>,
+{
+    type Data = Bytes;
+    type Error = crate::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.project().kind.project() {
+            RequestKindProj::Buffered { body } => {
+                body.poll_frame(cx).map_err(|never| match never {})
+            }
+            RequestKindProj::PassThrough { body } => body.poll_frame(cx).map(|frame| {
+                frame.map(|frame| {
+                    frame
+                        .map(|frame| {
+                            frame.map_data(|mut data| data.copy_to_bytes(data.remaining()))
+                        })
+                        .map_err(Into::into)
+                })
+            }),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            RequestKind::Buffered { body } => body.is_end_stream(),
+            RequestKind::PassThrough { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            RequestKind::Buffered { body } => body.size_hint(),
+            RequestKind::PassThrough { body } => body.size_hint(),
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for RequestBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            RequestKind::Buffered { .. } => "buffered",
+            RequestKind::PassThrough { .. } => "pass_through",
+        };
+        f.debug_struct("RequestBody").field("kind", &kind).finish()
+    }
+}
 
 pin_project! {
     /// Either the inner service's body, untouched (requests the layer does not cover), or a body
@@ -23,7 +123,10 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Full { #[pin] body: Full<Bytes> },
+        // The layer's own answer (a rejection).
+        Rejection { #[pin] body: Full<Bytes> },
+        // Held whole: the data frame, then the trailers frame if any.
+        Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
         // The inner body failed while the layer read it: the client sees the same failure.
         Failed { error: Option<crate::BoxError> },
     }
@@ -36,13 +139,19 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    pub(crate) fn full(bytes: impl Into<Bytes>) -> Self {
-        Self::from_full(Full::new(bytes.into()))
-    }
-
     pub(crate) fn from_full(body: Full<Bytes>) -> Self {
         Self {
-            kind: Kind::Full { body },
+            kind: Kind::Rejection { body },
+        }
+    }
+
+    /// `bytes`, then `trailers` (none sent when empty).
+    pub(crate) fn with_trailers(bytes: Bytes, trailers: HeaderMap) -> Self {
+        Self {
+            kind: Kind::Full {
+                data: (!bytes.is_empty()).then_some(bytes),
+                trailers: (!trailers.is_empty()).then_some(trailers),
+            },
         }
     }
 
@@ -67,7 +176,13 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
-            KindProj::Full { body } => body.poll_frame(cx).map_err(|never| match never {}),
+            KindProj::Rejection { body } => body.poll_frame(cx).map_err(|never| match never {}),
+            KindProj::Full { data, trailers } => Poll::Ready(
+                data.take()
+                    .map(Frame::data)
+                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .map(Ok),
+            ),
             KindProj::Failed { error } => Poll::Ready(error.take().map(Err)),
         }
     }
@@ -75,7 +190,8 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
-            Kind::Full { body } => body.is_end_stream(),
+            Kind::Rejection { body } => body.is_end_stream(),
+            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Failed { error } => error.is_none(),
         }
     }
@@ -83,7 +199,10 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { body } => body.size_hint(),
+            Kind::Rejection { body } => body.size_hint(),
+            Kind::Full { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             Kind::Failed { .. } => SizeHint::default(),
         }
     }
@@ -93,6 +212,7 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match &self.kind {
             Kind::Inner { .. } => "inner",
+            Kind::Rejection { .. } => "rejection",
             Kind::Full { .. } => "full",
             Kind::Failed { .. } => "failed",
         };

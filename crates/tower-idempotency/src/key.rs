@@ -78,7 +78,8 @@ impl IdempotencyKey {
 
 impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("IdempotencyKey").field(&self.0).finish()
+        // Keys often carry meaning (an order or payment id) and logs must never hold them.
+        write!(f, "IdempotencyKey(<redacted>, len={})", self.0.len())
     }
 }
 
@@ -351,5 +352,13 @@ mod tests {
             AuthorizationScope.scope(&absent),
             AuthorizationScope.scope(&empty)
         );
+    }
+
+    #[test]
+    fn debug_never_shows_the_key() {
+        let key = IdempotencyKey::parse(b"order-4711-secret").unwrap();
+        let shown = format!("{key:?}");
+        assert_eq!(shown, "IdempotencyKey(<redacted>, len=17)");
+        assert!(!shown.contains("4711"));
     }
 }

@@ -48,7 +48,7 @@ pub const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 ///
 /// let app: Router = Router::new()
 ///     .route("/orders", post(create_order))
-///     .layer(Idempotency::memory());
+///     .route_layer(Idempotency::memory());
 /// ```
 ///
 /// # Defaults

@@ -1,21 +1,4 @@
-//! Idempotency-Key middleware for [tower] and [axum]: every retry of a POST is safe.
-//!
-//! A client that timed out cannot tell "never arrived" from "done, but the reply was lost". With
-//! this layer it sends one `Idempotency-Key` per operation and resends it on every retry; the
-//! server runs the handler once and replays the saved answer to every retry.
-//!
-//! ```
-//! use axum::{http::StatusCode, routing::post, Json, Router};
-//! use tower_idempotency::Idempotency;
-//!
-//! async fn create_order(Json(order): Json<serde_json::Value>) -> (StatusCode, Json<serde_json::Value>) {
-//!     (StatusCode::CREATED, Json(order))
-//! }
-//!
-//! let app: Router = Router::new()
-//!     .route("/orders", post(create_order))
-//!     .layer(Idempotency::memory()); // or Idempotency::postgres(pool), ::sqlite(pool), ::redis(..)
-//! ```
+#![doc = include_str!("../README.md")]
 //!
 //! # What happens to a request
 //!
@@ -32,9 +15,10 @@
 //!    - **in flight**: 409 with `Retry-After` (or, in wait mode, wait for the first answer);
 //!    - **mismatch**: the key was used for a different request: 422;
 //!    - **done**: the saved status, headers and body are replayed with `Idempotent-Replayed: true`.
-//! 5. A handler error or panic, or a status that means "try again" (408, 425, 429, 503),
-//!    releases the key. A client that disconnects does not stop the handler: its answer is
-//!    still saved for the retry. A store that cannot be reached gives 503 (fail closed).
+//! 5. A handler error or panic, or a status that means "try again" (408, 425, 429, 503, or a
+//!    `grpc-status` of UNAVAILABLE, RESOURCE_EXHAUSTED or ABORTED), releases the key. A client
+//!    that disconnects does not stop the handler: its answer is still saved for the retry. A
+//!    store that cannot be reached gives 503 (fail closed).
 //!
 //! | status | from the layer when |
 //! |---|---|
@@ -60,25 +44,12 @@
 //!
 //! # Features
 //!
-//! `memory` (default), `axum` (the [`IdempotencyKey`] and `IdempotencyTransaction` extractors),
-//! `postgres`, `sqlite`, `redis`, `redis-cluster`, `metrics` (counters through the `metrics`
-//! facade, see [`observe`](crate#observability)), `full`.
-//!
-//! # Observability
-//!
-//! Every outcome is a `tracing` event under the target `tower_idempotency`, inside a span
-//! `idempotency` that carries the scoped key hash, never the raw key or body. With the `metrics`
-//! feature, `idempotency_requests_total{outcome}` and `idempotency_lease_renewals_total` count
-//! them. The outcomes: `claimed`, `taken_over`, `replayed`, `in_flight`, `waited`, `mismatch`,
-//! `saved`, `released`, `fenced_out`, `store_error`, `fail_open`.
-//!
-//! [tower]: https://docs.rs/tower
-//! [axum]: https://docs.rs/axum
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+//! Listed in the [install table](#install) above; every item that needs one says so in these docs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
 pub mod error;
-#[doc = include_str!("../../../docs/guarantees.md")]
+#[doc = include_str!("../docs/guarantees.md")]
 pub mod guarantees {}
 pub mod fingerprint;
 pub mod key;
@@ -91,9 +62,10 @@ pub mod store;
 pub mod sweeper;
 mod timeout;
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub mod transaction;
 
-pub use body::ResponseBody;
+pub use body::{RequestBody, ResponseBody};
 pub use error::Rejection;
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyHash, Scope};
@@ -102,10 +74,13 @@ pub use layer::{
     DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
 };
 pub use mode::{Mode, Standard};
+#[cfg(feature = "metrics")]
+pub use observe::describe_metrics;
 pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
 pub use service::{IdempotencyService, ResponseFuture};
 pub use sweeper::Sweeper;
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub use transaction::{IdempotencyTransaction, Transactional};
 
 /// The error type of bodies the layer produces.

@@ -1,28 +1,53 @@
-//! Tracing events and metrics for every outcome.
+//! Tracing events and metrics.
 //!
 //! Events are emitted under the target `tower_idempotency`, inside a span named `idempotency`
-//! that carries the scoped key hash (`key`): never the raw key, the scope or the body.
+//! per guarded request. The span carries the scoped key hash (`idempotency.key_hash`, never the
+//! raw key, the scope or the body), the OpenTelemetry HTTP fields `http.request.method`,
+//! `url.path` and `http.response.status_code`, and the request's final `outcome`.
 //!
-//! With the `metrics` feature, the counter `idempotency_requests_total` is incremented once per
-//! outcome, labelled `outcome`:
+//! Every guarded request (a covered method) ends in exactly one final outcome, counted once in
+//! `idempotency_requests_total{outcome}` (with the `metrics` feature), so the counter sums to the
+//! guarded requests:
 //!
 //! | outcome | meaning | level |
 //! |---|---|---|
-//! | `claimed` | new key: the handler runs | debug |
-//! | `taken_over` | a dead holder's lapsed lease was taken over: the handler runs | warn |
+//! | `saved` | the handler ran; its answer was saved | debug |
+//! | `released` | the handler ran; the key was released (not-saved status, inner error, panic) | info |
+//! | `fenced_out` | the handler ran but lost its lease first: its answer was not saved | warn |
 //! | `replayed` | a saved answer was replayed | debug |
 //! | `in_flight` | 409: the first attempt is still running | info |
-//! | `waited` | wait mode: a duplicate waited for the first attempt | debug |
 //! | `mismatch` | 422: the key was used for a different request | warn |
-//! | `saved` | the handler's answer was saved | debug |
-//! | `released` | the key was released (not-saved status, inner error or panic) | info |
-//! | `fenced_out` | the holder lost its lease before saving: the answer was not saved | warn |
-//! | `store_error` | the store failed (503, or fail-open) | error |
-//! | `fail_open` | the store failed and the handler ran anyway | warn |
+//! | `rejected` | 400 or 413: no valid key, or the body is over the limit or unreadable | info |
+//! | `no_key` | no key, and the layer is [`optional`](crate::Idempotency::optional): passed through | debug |
+//! | `store_error` | the store failed: 503 (or the answer could not be saved) | error |
+//! | `fail_open` | the store failed and the handler ran unguarded | warn |
+//! | `cancelled` | the client went away before the layer decided anything | debug |
 //!
-//! and `idempotency_lease_renewals_total` once per heartbeat renewal.
+//! Steps on the way are events only: `claimed`, `taken_over` (warn: a dead holder's lease was
+//! taken over), `waited`, and the heartbeat's renewals and failures.
+//!
+//! Also with `metrics`: `idempotency_store_duration_seconds{op,store}`, a histogram of store
+//! operation latency (`op` = `claim`, `renew`, `complete`, `release`, `sweep`; `store` =
+//! [`Store::name`](crate::store::Store::name)), and `idempotency_lease_renewals_total`. Call
+//! [`describe_metrics`](crate::describe_metrics) once at start-up to register units and help
+//! texts with the recorder.
+
+use std::{
+    future::Future,
+    sync::{Arc, OnceLock},
+};
 
 use crate::key::KeyHash;
+
+/// The counter of final outcomes.
+#[cfg(feature = "metrics")]
+pub(crate) const REQUESTS_TOTAL: &str = "idempotency_requests_total";
+/// The histogram of store operation latency.
+#[cfg(feature = "metrics")]
+pub(crate) const STORE_DURATION: &str = "idempotency_store_duration_seconds";
+/// The counter of lease renewals.
+#[cfg(feature = "metrics")]
+pub(crate) const LEASE_RENEWALS_TOTAL: &str = "idempotency_lease_renewals_total";
 
 /// What happened to one request (or one step of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +63,9 @@ pub(crate) enum Outcome {
     FencedOut,
     StoreError,
     FailOpen,
+    Rejected,
+    NoKey,
+    Cancelled,
 }
 
 impl Outcome {
@@ -54,18 +82,27 @@ impl Outcome {
             Outcome::FencedOut => "fenced_out",
             Outcome::StoreError => "store_error",
             Outcome::FailOpen => "fail_open",
+            Outcome::Rejected => "rejected",
+            Outcome::NoKey => "no_key",
+            Outcome::Cancelled => "cancelled",
         }
     }
 }
 
-/// Record `outcome`: one tracing event at the level the table gives, one counter increment.
+/// Log `outcome` as one tracing event at the level the table gives. Counts nothing: the
+/// request's final outcome is counted once, by [`RequestRecord`].
 pub(crate) fn record(outcome: Outcome, detail: &dyn std::fmt::Display) {
     let name = outcome.as_str();
     match outcome {
-        Outcome::Claimed | Outcome::Replayed | Outcome::Waited | Outcome::Saved => {
+        Outcome::Claimed
+        | Outcome::Replayed
+        | Outcome::Waited
+        | Outcome::Saved
+        | Outcome::NoKey
+        | Outcome::Cancelled => {
             tracing::debug!(target: "tower_idempotency", outcome = name, "{detail}")
         }
-        Outcome::InFlight | Outcome::Released => {
+        Outcome::InFlight | Outcome::Released | Outcome::Rejected => {
             tracing::info!(target: "tower_idempotency", outcome = name, "{detail}")
         }
         Outcome::TakenOver | Outcome::Mismatch | Outcome::FencedOut | Outcome::FailOpen => {
@@ -75,8 +112,116 @@ pub(crate) fn record(outcome: Outcome, detail: &dyn std::fmt::Display) {
             tracing::error!(target: "tower_idempotency", outcome = name, "{detail}")
         }
     }
+}
+
+/// One guarded request: its span, and its final outcome, counted once when the last holder
+/// (the request's future, or the attempt finishing after the client left) drops it.
+pub(crate) struct RequestRecord {
+    span: tracing::Span,
+    outcome: OnceLock<Outcome>,
+}
+
+impl RequestRecord {
+    pub(crate) fn new(method: &http::Method, path: &str) -> Arc<Self> {
+        let span = tracing::info_span!(
+            target: "tower_idempotency",
+            "idempotency",
+            "http.request.method" = %method,
+            "url.path" = path,
+            "idempotency.key_hash" = tracing::field::Empty,
+            "http.response.status_code" = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        Arc::new(Self {
+            span,
+            outcome: OnceLock::new(),
+        })
+    }
+
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    pub(crate) fn key(&self, key: &KeyHash) {
+        self.span.record(
+            "idempotency.key_hash",
+            tracing::field::display(ShortKey(key)),
+        );
+    }
+
+    pub(crate) fn status(&self, status: http::StatusCode) {
+        self.span
+            .record("http.response.status_code", status.as_u16());
+    }
+
+    /// Log `outcome`, and make it the request's final outcome unless one was set before (the
+    /// first decision wins: a failed commit stays `store_error` when the key is then released).
+    pub(crate) fn finish(&self, outcome: Outcome, detail: &dyn std::fmt::Display) {
+        record(outcome, detail);
+        if self.outcome.set(outcome).is_ok() {
+            self.span.record("outcome", outcome.as_str());
+        }
+    }
+}
+
+impl Drop for RequestRecord {
+    fn drop(&mut self) {
+        let outcome = self.outcome.get().copied().unwrap_or(Outcome::Cancelled);
+        if self.outcome.get().is_none() {
+            self.span.record("outcome", outcome.as_str());
+        }
+        #[cfg(feature = "metrics")]
+        metrics::counter!(REQUESTS_TOTAL, "outcome" => outcome.as_str()).increment(1);
+        #[cfg(not(feature = "metrics"))]
+        let _ = outcome;
+    }
+}
+
+/// Run one store operation, timing it into `idempotency_store_duration_seconds{op,store}`.
+pub(crate) async fn timed<T>(
+    store: &'static str,
+    op: &'static str,
+    work: impl Future<Output = T>,
+) -> T {
     #[cfg(feature = "metrics")]
-    metrics::counter!("idempotency_requests_total", "outcome" => name).increment(1);
+    {
+        let started = std::time::Instant::now();
+        let output = work.await;
+        metrics::histogram!(STORE_DURATION, "op" => op, "store" => store)
+            .record(started.elapsed().as_secs_f64());
+        output
+    }
+    #[cfg(not(feature = "metrics"))]
+    {
+        let _ = (store, op);
+        work.await
+    }
+}
+
+/// Register the units and help texts of this crate's metrics with the installed `metrics`
+/// recorder (Prometheus `# HELP` lines, for one). Call once, after installing the recorder.
+///
+/// ```
+/// tower_idempotency::describe_metrics();
+/// ```
+#[cfg(feature = "metrics")]
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_histogram, Unit};
+    describe_counter!(
+        REQUESTS_TOTAL,
+        Unit::Count,
+        "Requests guarded by the idempotency layer, by final outcome (sums to the guarded requests)."
+    );
+    describe_histogram!(
+        STORE_DURATION,
+        Unit::Seconds,
+        "Latency of idempotency store operations, by operation and store."
+    );
+    describe_counter!(
+        LEASE_RENEWALS_TOTAL,
+        Unit::Count,
+        "Lease renewals by the heartbeat of running attempts."
+    );
 }
 
 /// An error and its sources, `a: b: c`, for log lines (a store error's own text says only what
@@ -98,12 +243,7 @@ impl std::fmt::Display for Chain<'_> {
 /// Count one lease renewal.
 pub(crate) fn renewed() {
     #[cfg(feature = "metrics")]
-    metrics::counter!("idempotency_lease_renewals_total").increment(1);
-}
-
-/// The span one covered request runs in.
-pub(crate) fn span(key: &KeyHash, method: &http::Method, path: &str) -> tracing::Span {
-    tracing::info_span!(target: "tower_idempotency", "idempotency", key = %ShortKey(key), %method, path)
+    metrics::counter!(LEASE_RENEWALS_TOTAL).increment(1);
 }
 
 /// The first 16 hex digits of a key hash: enough to find the record, short in a log line.

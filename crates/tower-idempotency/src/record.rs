@@ -1,10 +1,8 @@
 //! Recording a handler's response, and replaying it.
 
-use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use http_body_util::Full;
 
-use crate::store::StoredResponse;
+use crate::{body::ResponseBody, store::StoredResponse};
 
 /// The header added to every replayed response.
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -16,6 +14,19 @@ pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-repl
 pub trait SavePolicy: Send + Sync + 'static {
     /// `true` to save a response with this status.
     fn should_save(&self, status: StatusCode) -> bool;
+
+    /// `true` to save this whole response. The layer asks this one; the default asks
+    /// [`should_save`](Self::should_save) with the status alone. Override it to look at headers
+    /// or trailers too, as [`DefaultSavePolicy`] does for gRPC's `grpc-status`.
+    fn should_save_response(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        trailers: &HeaderMap,
+    ) -> bool {
+        let _ = (headers, trailers);
+        self.should_save(status)
+    }
 }
 
 impl<F> SavePolicy for F
@@ -28,9 +39,11 @@ where
 }
 
 /// Saves every response, 4xx and 5xx included (a 500 may have taken effect), except the statuses
-/// that by definition mean "not processed, try again": 408, 425, 429 and 503. For those the key is
-/// released, so a rate limiter or load shedder inside the layer does not pin a key to "try again
-/// later" for the whole retention.
+/// that by definition mean "not processed, try again": 408, 425, 429 and 503, and gRPC answers
+/// whose `grpc-status` (in the trailers, or the headers of a trailers-only answer) is
+/// `UNAVAILABLE` (14), `RESOURCE_EXHAUSTED` (8) or `ABORTED` (10). For those the key is released,
+/// so a rate limiter or load shedder inside the layer does not pin a key to "try again later" for
+/// the whole retention.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultSavePolicy;
 
@@ -38,6 +51,24 @@ impl SavePolicy for DefaultSavePolicy {
     fn should_save(&self, status: StatusCode) -> bool {
         !crate::layer::is_retryable_status(status)
     }
+
+    fn should_save_response(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        trailers: &HeaderMap,
+    ) -> bool {
+        self.should_save(status) && !is_retryable_grpc(headers) && !is_retryable_grpc(trailers)
+    }
+}
+
+/// The gRPC status codes that mean "not done, try again": RESOURCE_EXHAUSTED (8), ABORTED (10)
+/// and UNAVAILABLE (14).
+const RETRYABLE_GRPC_STATUSES: [&[u8]; 3] = [b"8", b"10", b"14"];
+
+fn is_retryable_grpc(map: &HeaderMap) -> bool {
+    map.get("grpc-status")
+        .is_some_and(|code| RETRYABLE_GRPC_STATUSES.contains(&code.as_bytes().trim_ascii()))
 }
 
 /// Headers that describe one connection or one moment, not the resource: never replayed.
@@ -73,9 +104,10 @@ pub(crate) fn saved_headers(headers: &HeaderMap) -> HeaderMap {
     saved
 }
 
-/// The replay of a saved response: its status, headers and body, plus `Idempotent-Replayed: true`.
-pub(crate) fn replay(saved: StoredResponse) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(saved.body));
+/// The replay of a saved response: its status, headers, body and trailers, plus
+/// `Idempotent-Replayed: true`.
+pub(crate) fn replay<B>(saved: StoredResponse) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::with_trailers(saved.body, saved.trailers));
     *response.status_mut() = saved.status;
     *response.headers_mut() = saved.headers;
     response
@@ -108,6 +140,26 @@ mod tests {
         assert_eq!(names, ["content-type", "location", "link"]);
         let links: Vec<_> = saved.get_all("link").iter().collect();
         assert_eq!(links, ["<a>", "<b>"]);
+    }
+
+    #[test]
+    fn default_policy_releases_grpc_try_again_codes_in_headers_or_trailers() {
+        let grpc = |code: &'static str| {
+            let mut map = HeaderMap::new();
+            map.insert("grpc-status", HeaderValue::from_static(code));
+            map
+        };
+        let none = HeaderMap::new();
+        for code in ["8", "10", "14"] {
+            assert!(!DefaultSavePolicy.should_save_response(StatusCode::OK, &none, &grpc(code)));
+            assert!(!DefaultSavePolicy.should_save_response(StatusCode::OK, &grpc(code), &none));
+        }
+        for code in ["0", "3", "5", "13"] {
+            assert!(DefaultSavePolicy.should_save_response(StatusCode::OK, &none, &grpc(code)));
+        }
+        // A closure policy sees the status only, and keeps deciding by it.
+        let policy = |status: StatusCode| status.is_success();
+        assert!(policy.should_save_response(StatusCode::OK, &none, &grpc("14")));
     }
 
     #[test]

@@ -26,11 +26,11 @@ use crate::{
     key::{IdempotencyKey, KeyHash},
     layer::{Config, Idempotency, WAIT_POLL_INTERVAL},
     mode::{Mode, Standard},
-    observe::{self, Outcome},
+    observe::{self, Outcome, RequestRecord},
     record,
     store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoredResponse},
     timeout::bounded,
-    BoxError,
+    BoxError, RequestBody,
 };
 
 /// How long a client is told to wait when the store is unavailable.
@@ -121,12 +121,15 @@ impl<B, E> fmt::Debug for ResponseFuture<B, E> {
 
 impl<S, St, M, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, St, M>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     St: Store,
     M: Mode<St>,
-    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody: Body + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -150,7 +153,7 @@ where
         let inner = if layer.config.covers(req.method()) {
             Box::pin(handle(inner, layer, req)) as BoxFuture<_>
         } else {
-            Box::pin(pass_through(inner, req))
+            Box::pin(pass_through(inner, req.map(RequestBody::new)))
         };
         ResponseFuture { inner }
     }
@@ -158,10 +161,10 @@ where
 
 async fn pass_through<S, ReqBody, ResBody>(
     mut inner: S,
-    req: Request<ReqBody>,
+    req: Request<RequestBody<ReqBody>>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
 {
     Ok(inner.call(req).await?.map(ResponseBody::inner))
 }
@@ -185,20 +188,50 @@ fn reject<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
     rejection.to_response().map(ResponseBody::from_full)
 }
 
-/// The request flow for a covered method: key, body, fingerprint, claim, then one of the four
-/// outcomes.
+/// A covered request, inside its span; its final outcome is counted when the record drops.
 async fn handle<S, St, M, ReqBody, ResBody>(
     inner: S,
     layer: Idempotency<St, M>,
     req: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     St: Store,
     M: Mode<St>,
-    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody: Body + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let record = RequestRecord::new(req.method(), req.uri().path());
+    let span = record.span().clone();
+    let result = guard(inner, layer, req, record.clone())
+        .instrument(span)
+        .await;
+    if let Ok(response) = &result {
+        record.status(response.status());
+    }
+    result
+}
+
+/// The request flow for a covered method: key, body, fingerprint, claim, then one of the four
+/// outcomes.
+async fn guard<S, St, M, ReqBody, ResBody>(
+    inner: S,
+    layer: Idempotency<St, M>,
+    req: Request<ReqBody>,
+    record: Arc<RequestRecord>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    M: Mode<St>,
+    ReqBody: Body + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -210,16 +243,24 @@ where
     let key = match IdempotencyKey::from_headers(&parts.headers, &config.header) {
         Ok(Some(key)) => key,
         Ok(None) if config.required => {
+            record.finish(Outcome::Rejected, &"no idempotency key: 400");
             return Ok(reject(Rejection::MissingKey {
                 header: display_name(&config.header),
-            }))
+            }));
         }
-        Ok(None) => return pass_through(inner, Request::from_parts(parts, body)).await,
+        Ok(None) => {
+            record.finish(
+                Outcome::NoKey,
+                &"no idempotency key: passed through unguarded",
+            );
+            return pass_through(inner, Request::from_parts(parts, RequestBody::new(body))).await;
+        }
         Err(reason) => {
+            record.finish(Outcome::Rejected, &"invalid idempotency key: 400");
             return Ok(reject(Rejection::InvalidKey {
                 header: display_name(&config.header),
                 reason,
-            }))
+            }));
         }
     };
 
@@ -232,19 +273,29 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared_len.is_some_and(|len| len > config.body_limit as u64) {
+        record.finish(
+            Outcome::Rejected,
+            &"the declared body is over the limit: 413",
+        );
         return Ok(reject(too_large));
     }
     let bytes = match Limited::new(body, config.body_limit).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<LengthLimitError>() => return Ok(reject(too_large)),
-        Err(_) => return Ok(reject(Rejection::UnreadableBody)),
+        Err(err) if err.is::<LengthLimitError>() => {
+            record.finish(Outcome::Rejected, &"the body is over the limit: 413");
+            return Ok(reject(too_large));
+        }
+        Err(_) => {
+            record.finish(Outcome::Rejected, &"the body could not be read: 400");
+            return Ok(reject(Rejection::UnreadableBody));
+        }
     };
 
     let key_hash = key.scoped_hash(&config.scope.scope(&parts));
     let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
-    let span = observe::span(&key_hash, &parts.method, parts.uri.path());
+    record.key(&key_hash);
 
-    async move {
+    {
         let token = FencingToken::new();
         match claim(&layer, key_hash, fingerprint, token).await {
             Ok(ClaimOutcome::Claimed { taken_over }) => {
@@ -259,23 +310,24 @@ where
                 let mut parts = parts;
                 parts.extensions.insert(key);
                 let attempt = M::start(&layer.store, &mut parts.extensions);
-                let req = Request::from_parts(parts, ReqBody::from(bytes));
+                let req = Request::from_parts(parts, RequestBody::buffered(bytes));
                 let run = Attempt {
                     store: layer.store.clone(),
                     config: layer.config.clone(),
                     key: key_hash,
                     token,
+                    record: record.clone(),
                 };
                 // If the client disconnects and this future is dropped, the attempt is handed to
                 // the runtime: the handler runs to the end and its answer is recorded.
                 FinishOnDrop::new(
-                    run.execute::<S, M, ReqBody, ResBody>(inner, req, attempt)
+                    run.execute::<S, M, RequestBody<ReqBody>, ResBody>(inner, req, attempt)
                         .in_current_span(),
                 )
                 .await
             }
             Ok(ClaimOutcome::InFlight { lease_remaining }) => {
-                observe::record(
+                record.finish(
                     Outcome::InFlight,
                     &"the first attempt is still running: 409",
                 );
@@ -284,28 +336,32 @@ where
                 }))
             }
             Ok(ClaimOutcome::Mismatch) => {
-                observe::record(
+                record.finish(
                     Outcome::Mismatch,
                     &"the key was first used for a different request: 422",
                 );
                 Ok(reject(Rejection::KeyReused))
             }
             Ok(ClaimOutcome::Done(saved)) => {
-                observe::record(Outcome::Replayed, &"replaying the saved answer");
-                Ok(record::replay(saved).map(ResponseBody::from_full))
+                record.finish(Outcome::Replayed, &"replaying the saved answer");
+                Ok(record::replay(saved))
             }
             Err(err) if layer.config.fail_open => {
-                observe::record(
+                record.finish(
                     Outcome::FailOpen,
                     &format_args!(
                         "store failed ({}); calling the handler without idempotency (fail-open)",
                         observe::Chain(&err)
                     ),
                 );
-                pass_through(inner, Request::from_parts(parts, ReqBody::from(bytes))).await
+                pass_through(
+                    inner,
+                    Request::from_parts(parts, RequestBody::buffered(bytes)),
+                )
+                .await
             }
             Err(err) => {
-                observe::record(
+                record.finish(
                     Outcome::StoreError,
                     &format_args!("store failed: {}; answering 503", observe::Chain(&err)),
                 );
@@ -315,8 +371,6 @@ where
             }
         }
     }
-    .instrument(span)
-    .await
 }
 
 /// Claim once, or in wait mode keep claiming while the first attempt runs, up to the bound.
@@ -327,24 +381,18 @@ async fn claim<St: Store, M>(
     token: FencingToken,
 ) -> Result<ClaimOutcome, crate::store::StoreError> {
     let config = &layer.config;
-    let claim = Claim {
-        key,
-        fingerprint,
-        token,
-        lease: config.lease,
-        ttl: config.ttl,
-    };
+    let claim = Claim::new(key, fingerprint, token, config.lease, config.ttl);
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut waited = false;
     loop {
-        let outcome =
-            match bounded("the claim", config.store_timeout, layer.store.claim(&claim)).await {
-                Ok(outcome) => outcome,
-                Err(err) => {
-                    release_in_background(layer, key, token);
-                    return Err(err);
-                }
-            };
+        let attempt = bounded("the claim", config.store_timeout, layer.store.claim(&claim));
+        let outcome = match observe::timed(layer.store.name(), "claim", attempt).await {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                release_in_background(layer, key, token);
+                return Err(err);
+            }
+        };
         let now = Instant::now();
         match (outcome, deadline) {
             (ClaimOutcome::InFlight { lease_remaining }, Some(deadline)) if now < deadline => {
@@ -455,12 +503,23 @@ where
     }
 }
 
+/// `, grpc-status N` when the answer carries one, for the log line of a released key.
+fn grpc_status_note(headers: &http::HeaderMap, trailers: &http::HeaderMap) -> String {
+    trailers
+        .get("grpc-status")
+        .or_else(|| headers.get("grpc-status"))
+        .and_then(|v| v.to_str().ok())
+        .map(|code| format!(", grpc-status {code}"))
+        .unwrap_or_default()
+}
+
 /// One claimed attempt: the handler, the heartbeat, and the recording of the answer.
 struct Attempt<St> {
     store: Arc<St>,
     config: Arc<Config>,
     key: KeyHash,
     token: FencingToken,
+    record: Arc<RequestRecord>,
 }
 
 impl<St: Store> Attempt<St> {
@@ -479,10 +538,14 @@ impl<St: Store> Attempt<St> {
         let work = AssertUnwindSafe(async {
             let response = inner.call(req).await?;
             let (parts, body) = response.into_parts();
-            let body: Result<Bytes, BoxError> = body
+            // Trailers are kept with the body: gRPC's outcome (`grpc-status`) is in them.
+            let body: Result<(Bytes, http::HeaderMap), BoxError> = body
                 .collect()
                 .await
-                .map(|c| c.to_bytes())
+                .map(|c| {
+                    let trailers = c.trailers().cloned().unwrap_or_default();
+                    (c.to_bytes(), trailers)
+                })
                 .map_err(Into::into);
             Ok::<_, S::Error>((parts, body))
         })
@@ -493,7 +556,7 @@ impl<St: Store> Attempt<St> {
             never = self.heartbeat() => match never {},
         };
 
-        let (parts, body) = match result {
+        let (parts, (body, trailers)) = match result {
             Err(panic) => {
                 M::abandon(attempt, self.config.store_timeout).await;
                 self.release("the handler panicked").await;
@@ -512,44 +575,60 @@ impl<St: Store> Attempt<St> {
             Ok(Ok((parts, Ok(body)))) => (parts, body),
         };
 
-        if !self.config.save.should_save(parts.status) {
+        if !self
+            .config
+            .save
+            .should_save_response(parts.status, &parts.headers, &trailers)
+        {
             M::abandon(attempt, self.config.store_timeout).await;
-            self.release(&format!("status {} is not saved", parts.status.as_u16()))
-                .await;
-            return Ok(Response::from_parts(parts, ResponseBody::full(body)));
+            self.release(&format!(
+                "the answer (status {}{}) is not saved",
+                parts.status.as_u16(),
+                grpc_status_note(&parts.headers, &trailers)
+            ))
+            .await;
+            return Ok(Response::from_parts(
+                parts,
+                ResponseBody::with_trailers(body, trailers),
+            ));
         }
 
-        let saved = StoredResponse {
-            status: parts.status,
-            headers: record::saved_headers(&parts.headers),
-            body: body.clone(),
-        };
+        let saved = StoredResponse::new(
+            parts.status,
+            record::saved_headers(&parts.headers),
+            body.clone(),
+        )
+        .with_trailers(trailers.clone());
         let limit = self.config.store_timeout;
-        match M::finish(&self.store, attempt, &self.key, self.token, &saved, limit).await {
-            Ok(Fenced::Applied) => observe::record(Outcome::Saved, &"answer saved"),
+        let finish = M::finish(&self.store, attempt, &self.key, self.token, &saved, limit);
+        match observe::timed(self.store.name(), "complete", finish).await {
+            Ok(Fenced::Applied) => self.record.finish(Outcome::Saved, &"answer saved"),
             Ok(Fenced::Lost) if M::TRANSACTIONAL => {
-                observe::record(Outcome::FencedOut, &"the lease was taken over before the commit; the work was rolled back: 409");
+                self.record.finish(Outcome::FencedOut, &"the lease was taken over before the commit; the work was rolled back: 409");
                 return Ok(reject(Rejection::LeaseLost {
                     retry_after: self.config.lease,
                 }));
             }
-            Ok(Fenced::Lost) => observe::record(
+            Ok(Fenced::Lost) => self.record.finish(
                 Outcome::FencedOut,
                 &"the lease was taken over before the answer was saved; the answer is sent but not saved",
             ),
             Err(err) if M::TRANSACTIONAL => {
-                observe::record(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: 503", observe::Chain(&err)));
+                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: 503", observe::Chain(&err)));
                 self.release("the commit failed").await;
                 return Ok(reject(Rejection::StoreUnavailable {
                     retry_after: STORE_RETRY_AFTER,
                 }));
             }
-            Err(err) => observe::record(
+            Err(err) => self.record.finish(
                 Outcome::StoreError,
                 &format_args!("saving the answer failed: {}; the answer is sent but not saved, and a retry after the lease runs the handler again", observe::Chain(&err)),
             ),
         }
-        Ok(Response::from_parts(parts, ResponseBody::full(body)))
+        Ok(Response::from_parts(
+            parts,
+            ResponseBody::with_trailers(body, trailers),
+        ))
     }
 
     /// Renew the lease every third of it, forever; the caller drops this when the work ends.
@@ -560,7 +639,8 @@ impl<St: Store> Attempt<St> {
         loop {
             ticks.tick().await;
             let renew = self.store.renew(&self.key, self.token, self.config.lease);
-            match bounded("the renewal", self.config.store_timeout, renew).await {
+            let renew = bounded("the renewal", self.config.store_timeout, renew);
+            match observe::timed(self.store.name(), "renew", renew).await {
                 Ok(Fenced::Applied) => observe::renewed(),
                 Ok(Fenced::Lost) => {
                     observe::record(
@@ -582,15 +662,16 @@ impl<St: Store> Attempt<St> {
 
     async fn release(&self, why: &str) {
         let release = self.store.release(&self.key, self.token);
-        match bounded("the release", self.config.store_timeout, release).await {
-            Ok(Fenced::Applied) => {
-                observe::record(Outcome::Released, &format_args!("key released: {why}"))
-            }
-            Ok(Fenced::Lost) => observe::record(
+        let release = bounded("the release", self.config.store_timeout, release);
+        match observe::timed(self.store.name(), "release", release).await {
+            Ok(Fenced::Applied) => self
+                .record
+                .finish(Outcome::Released, &format_args!("key released: {why}")),
+            Ok(Fenced::Lost) => self.record.finish(
                 Outcome::FencedOut,
                 &format_args!("key not released ({why}): the lease was already taken over"),
             ),
-            Err(err) => observe::record(
+            Err(err) => self.record.finish(
                 Outcome::StoreError,
                 &format_args!(
                     "releasing the key failed ({why}): {}; it frees when the lease lapses",
@@ -616,12 +697,12 @@ mod tests {
         count: Arc<AtomicUsize>,
         status: StatusCode,
     ) -> impl Service<
-        Request<Full<Bytes>>,
+        Request<RequestBody<Full<Bytes>>>,
         Response = Response<Full<Bytes>>,
         Error = std::convert::Infallible,
         Future = impl Send,
     > + Clone {
-        tower::service_fn(move |_req: Request<Full<Bytes>>| {
+        tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
             let n = count.fetch_add(1, Ordering::SeqCst) + 1;
             async move {
                 let mut response = Response::new(Full::new(Bytes::from(format!("run {n}"))));
@@ -702,5 +783,162 @@ mod tests {
             .unwrap();
         assert_eq!(service.oneshot(get).await.unwrap().status(), StatusCode::OK);
         assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    /// A recorder that keeps every counter and the sample count of every histogram, by key and
+    /// labels.
+    #[cfg(feature = "metrics")]
+    #[derive(Default)]
+    struct Recorded(std::sync::Mutex<std::collections::BTreeMap<String, Arc<Samples>>>);
+
+    #[cfg(feature = "metrics")]
+    #[derive(Default)]
+    struct Samples(std::sync::atomic::AtomicU64);
+
+    #[cfg(feature = "metrics")]
+    impl metrics::CounterFn for Samples {
+        fn increment(&self, value: u64) {
+            self.0.fetch_add(value, Ordering::SeqCst);
+        }
+        fn absolute(&self, value: u64) {
+            self.0.store(value, Ordering::SeqCst);
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    impl metrics::HistogramFn for Samples {
+        fn record(&self, _: f64) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    impl Recorded {
+        fn samples(&self, key: &metrics::Key) -> Arc<Samples> {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            self.0.lock().unwrap().entry(name).or_default().clone()
+        }
+
+        fn get(&self, name: &str) -> u64 {
+            self.0
+                .lock()
+                .unwrap()
+                .get(name)
+                .map_or(0, |s| s.0.load(Ordering::SeqCst))
+        }
+
+        fn sum(&self, prefix: &str) -> u64 {
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(_, s)| s.0.load(Ordering::SeqCst))
+                .sum()
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    impl metrics::Recorder for Recorded {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            metrics::Counter::from_arc(self.samples(key))
+        }
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::from_arc(self.samples(key))
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn every_guarded_request_counts_exactly_one_final_outcome() {
+        let recorded = Recorded::default();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        metrics::with_local_recorder(&recorded, || {
+            runtime.block_on(async {
+                let created = IdempotencyService::new(
+                    counting_service(Arc::new(AtomicUsize::new(0)), StatusCode::CREATED),
+                    MemoryStore::new(),
+                );
+                let limited = IdempotencyService::new(
+                    counting_service(Arc::new(AtomicUsize::new(0)), StatusCode::TOO_MANY_REQUESTS),
+                    MemoryStore::new(),
+                );
+                created.clone().oneshot(post("k", "a")).await.unwrap();
+                created.clone().oneshot(post("k", "a")).await.unwrap();
+                created.clone().oneshot(post("k", "b")).await.unwrap();
+                let no_key = Request::post("/orders")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                created.clone().oneshot(no_key).await.unwrap();
+                limited.clone().oneshot(post("k", "a")).await.unwrap();
+                // Not a covered method: not a guarded request, not counted.
+                let get = Request::get("/orders")
+                    .body(Full::new(Bytes::new()))
+                    .unwrap();
+                created.clone().oneshot(get).await.unwrap();
+            })
+        });
+        let total = "idempotency_requests_total{outcome=";
+        assert_eq!(recorded.get(&format!("{total}saved}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}replayed}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}mismatch}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}rejected}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}released}}")), 1);
+        assert_eq!(
+            recorded.sum(total),
+            5,
+            "one final outcome per guarded request"
+        );
+        assert_eq!(
+            recorded.get("idempotency_store_duration_seconds{op=claim,store=memory}"),
+            4
+        );
+        assert_eq!(
+            recorded.get("idempotency_store_duration_seconds{op=complete,store=memory}"),
+            1
+        );
+        assert_eq!(
+            recorded.get("idempotency_store_duration_seconds{op=release,store=memory}"),
+            1
+        );
     }
 }

@@ -101,7 +101,7 @@ impl Drop for Sweeper {
 async fn sweep_backlog<St: Store>(store: &St, batch: u32) -> u64 {
     let mut total = 0;
     loop {
-        match store.sweep(batch).await {
+        match crate::observe::timed(store.name(), "sweep", store.sweep(batch)).await {
             Ok(deleted) => {
                 total += deleted;
                 if deleted < u64::from(batch) {

@@ -18,7 +18,7 @@
 //! fn app(pool: sqlx::PgPool) -> Router {
 //!     Router::new()
 //!         .route("/orders", post(create_order))
-//!         .layer(Idempotency::postgres(pool).transactional())
+//!         .route_layer(Idempotency::postgres(pool).transactional())
 //! }
 //! # }
 //! ```

@@ -2,6 +2,11 @@
 //!
 //! The statements are the same text for both (`$N` placeholders work in each); only the sqlx
 //! types differ, so one macro writes both implementations.
+//!
+//! Why not one runtime-chosen store (`tower_idempotency::store::DynStore`, used by
+//! [`crate::sweeper`])? Transactional mode hands the handler a transaction of the database's own
+//! type (`IdempotencyTransaction<Postgres>` or `<Sqlite>`), so the handlers, and the layer in
+//! front of them, are generic over the database; this trait is that generic path.
 
 use std::future::Future;
 

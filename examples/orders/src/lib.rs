@@ -22,6 +22,12 @@
 //! | `GET /orders/{orderId}` | 200 with the order, or 404 |
 //! | `GET /orders?customerId=c_1` | 200 `{"orders": [...]}` (oldest first, at most 1000), 400 without `customerId` |
 //! | `GET /healthz` | 200 when the database answers `SELECT 1`, 503 otherwise |
+//! | `GET /metrics` | Prometheus text: `idempotency_requests_total{outcome}`, store latency, .. |
+//! | `GET /openapi.json` | the OpenAPI document, generated from the code |
+//!
+//! Every answer carries an `x-request-id` (the client's, or a new UUID), each request runs in a
+//! `tower-http` trace span carrying it, and a request unanswered after [`REQUEST_TIMEOUT`] gets
+//! `408` (its work still finishes and is saved for the retry).
 //!
 //! Errors are `application/problem+json` (RFC 9457); their `type` URIs point into
 //! `examples/orders/README.md`.
@@ -39,20 +45,24 @@ use sqlx::{
     ConnectOptions, Connection, PgPool, Pool, SqlSafeStr, Sqlite, SqlitePool,
 };
 use tower_idempotency::{
-    store::{postgres::PostgresStore, sqlite::SqliteStore},
+    store::{postgres::PostgresStore, sqlite::SqliteStore, DynStore},
     Idempotency, Sweeper,
 };
 
 mod backend;
 mod config;
+mod openapi;
 mod payment;
 mod problem;
 mod routes;
+mod telemetry;
 
 pub use config::{Config, ConfigError, Settings};
+pub use openapi::ApiDoc;
 pub use payment::PaymentProvider;
 pub use problem::Problem;
 pub use routes::{NewOrder, Order};
+pub use telemetry::{metrics_handle, REQUEST_TIMEOUT};
 
 /// The SQLite file used when `DATABASE_URL` is not set, in the working directory.
 pub const DEFAULT_SQLITE_FILE: &str = "orders.db";
@@ -158,6 +168,17 @@ impl Db {
         }
     }
 
+    /// The idempotency store on this database, its type chosen at run time.
+    ///
+    /// Enough for everything but transactional mode, which needs the concrete store (the
+    /// handler's transaction has that database's type): [`app`] builds that one per database.
+    pub fn idempotency_store(&self) -> DynStore {
+        match self {
+            Db::Postgres(pool) => DynStore::new(PostgresStore::new(pool.clone())),
+            Db::Sqlite(pool) => DynStore::new(SqliteStore::new(pool.clone())),
+        }
+    }
+
     /// `"postgres"` or `"sqlite"`, for logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -194,10 +215,7 @@ pub fn app(db: Db, config: Config) -> Router {
 /// Start the background task that deletes expired idempotency records every [`SWEEP_EVERY`].
 /// It stops when the returned [`Sweeper`] is dropped.
 pub fn sweeper(db: &Db) -> Sweeper {
-    match db {
-        Db::Postgres(pool) => Idempotency::postgres(pool.clone()).sweep_every(SWEEP_EVERY),
-        Db::Sqlite(pool) => Idempotency::sqlite(pool.clone()).sweep_every(SWEEP_EVERY),
-    }
+    Idempotency::new(db.idempotency_store()).sweep_every(SWEEP_EVERY)
 }
 
 /// One router for either database: only the SQL behind [`backend::Backend`] differs.
@@ -210,7 +228,8 @@ fn router<B: backend::Backend>(pool: Pool<B>, config: &Config) -> Router {
         pool,
         payments: PaymentProvider::new(config.payment_latency),
     };
-    Router::new()
+    let metrics = telemetry::metrics_handle();
+    let routes = Router::new()
         .route(
             "/orders",
             post(routes::create_order::<B>)
@@ -219,6 +238,9 @@ fn router<B: backend::Backend>(pool: Pool<B>, config: &Config) -> Router {
         )
         .route("/orders/{order_id}", get(routes::get_order::<B>))
         .route("/healthz", get(routes::healthz::<B>))
+        .route("/openapi.json", get(openapi::document))
+        .route("/metrics", get(move || telemetry::metrics(metrics.clone())))
         .fallback(routes::not_found)
-        .with_state(state)
+        .with_state(state);
+    telemetry::layers(routes)
 }

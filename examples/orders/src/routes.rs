@@ -28,7 +28,7 @@ pub const MAX_CUSTOMER_ID_CHARS: usize = 255;
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// An order, as stored and as answered.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Order {
     /// A UUID string chosen by the server.
@@ -44,7 +44,7 @@ pub struct Order {
 /// The body of `POST /orders`: `{"customerId": "c_1", "totalCents": 4000}`.
 ///
 /// Unknown fields are ignored.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
 #[serde(
     rename_all = "camelCase",
     expecting = r#"a JSON object like {"customerId": "c_1", "totalCents": 4000}"#

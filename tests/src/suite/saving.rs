@@ -39,16 +39,18 @@ pub async fn inner_error_releases_the_key(store: impl Store) {
     let calls = Arc::new(AtomicUsize::new(0));
     let inner = {
         let calls = calls.clone();
-        tower::service_fn(move |_req: http::Request<Body>| {
-            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
-            async move {
-                if n == 1 {
-                    Err("the inner service failed")
-                } else {
-                    Ok(answer(StatusCode::CREATED, n, &Bytes::new()))
+        tower::service_fn(
+            move |_req: http::Request<tower_idempotency::RequestBody<Body>>| {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    if n == 1 {
+                        Err("the inner service failed")
+                    } else {
+                        Ok(answer(StatusCode::CREATED, n, &Bytes::new()))
+                    }
                 }
-            }
-        })
+            },
+        )
     };
     let service = Idempotency::new(store).layer(inner);
     let request = || {

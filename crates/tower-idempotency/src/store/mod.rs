@@ -11,6 +11,8 @@
 //! | `PostgresStore` | `postgres` | the default for real applications, transactional mode |
 //! | `SqliteStore` | `sqlite` | embedded, single node, transactional mode |
 //! | `RedisStore` | `redis` | work with no database row of its own, scale-out |
+//!
+//! [`DynStore`] holds any of them behind one type, for a store chosen at run time.
 
 use std::{fmt, future::Future, time::Duration};
 
@@ -18,6 +20,9 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::{fingerprint::Fingerprint, key::KeyHash};
+
+mod dynamic;
+pub use dynamic::{BoxFuture, DynStore, ErasedStore};
 
 #[cfg(feature = "memory")]
 mod memory;
@@ -77,7 +82,11 @@ impl fmt::Display for FencingToken {
 }
 
 /// What the layer asks a store to claim.
+///
+/// Stores read the fields; the layer builds it. `#[non_exhaustive]`, so a field added later is
+/// not a breaking change: build one with [`Claim::new`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Claim {
     /// `sha256(scope || key)`: the record's identity. The raw key is never stored.
     pub key: KeyHash,
@@ -91,8 +100,35 @@ pub struct Claim {
     pub ttl: Duration,
 }
 
+impl Claim {
+    /// A claim of `key` for `fingerprint` with `token`, holding a lease of `lease`, kept for `ttl`.
+    pub fn new(
+        key: KeyHash,
+        fingerprint: Fingerprint,
+        token: FencingToken,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Self {
+        Self {
+            key,
+            fingerprint,
+            token,
+            lease,
+            ttl,
+        }
+    }
+}
+
 /// The result of one atomic claim.
+///
+/// `#[non_exhaustive]`: a later version may add an outcome, so a `match` outside this crate needs
+/// a wildcard arm. Stores build the variants directly or through [`claimed`](Self::claimed),
+/// [`taken_over`](Self::taken_over) and [`in_flight`](Self::in_flight).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+// One value per request, moved and matched at once: boxing the answer would cost an allocation
+// on every replay to save a few hundred bytes of stack.
+#[allow(clippy::large_enum_variant)]
 pub enum ClaimOutcome {
     /// The key is ours: it was new, its record had expired, or its holder's lease had lapsed.
     Claimed {
@@ -110,8 +146,30 @@ pub enum ClaimOutcome {
     Done(StoredResponse),
 }
 
+impl ClaimOutcome {
+    /// The key was new (or its record had expired) and is now ours.
+    pub fn claimed() -> Self {
+        Self::Claimed { taken_over: false }
+    }
+
+    /// A running record whose lease had lapsed was taken over: the key is ours.
+    pub fn taken_over() -> Self {
+        Self::Claimed { taken_over: true }
+    }
+
+    /// Another attempt holds the key for `lease_remaining` more.
+    pub fn in_flight(lease_remaining: Duration) -> Self {
+        Self::InFlight { lease_remaining }
+    }
+}
+
 /// A response as it was saved, ready to be replayed.
+///
+/// `#[non_exhaustive]`: build one with [`StoredResponse::new`] (and
+/// [`with_trailers`](Self::with_trailers)), or from a store's columns with
+/// [`from_parts`](Self::from_parts).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoredResponse {
     /// The original status code.
     pub status: StatusCode,
@@ -119,42 +177,53 @@ pub struct StoredResponse {
     pub headers: HeaderMap,
     /// The complete body.
     pub body: Bytes,
+    /// The body's trailers (gRPC's `grpc-status` lives here); empty when it sent none.
+    pub trailers: HeaderMap,
 }
 
 impl StoredResponse {
-    /// Encode the headers as `name: value\n` lines, the format every store keeps them in.
+    /// A saved response with no trailers.
+    pub fn new(status: StatusCode, headers: HeaderMap, body: impl Into<Bytes>) -> Self {
+        Self {
+            status,
+            headers,
+            body: body.into(),
+            trailers: HeaderMap::new(),
+        }
+    }
+
+    /// The same response, with `trailers` sent after its body.
+    pub fn with_trailers(mut self, trailers: HeaderMap) -> Self {
+        self.trailers = trailers;
+        self
+    }
+
+    /// Encode the headers, and the trailers if there are any, the way every store keeps them:
+    /// `name: value\n` lines for the headers, then (only when there are trailers) one empty line
+    /// and the trailers as `name: value\n` lines.
     ///
     /// Values are written as their raw bytes: the `http` crate forbids `\r` and `\n` inside a
-    /// value, so the encoding is unambiguous and keeps non-UTF-8 (obs-text) bytes intact.
+    /// value, so the encoding is unambiguous and keeps non-UTF-8 (obs-text) bytes intact. A
+    /// response without trailers encodes exactly as before trailers were kept, so records written
+    /// by earlier versions decode unchanged.
     pub fn encode_headers(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.headers.len() * 32);
-        for (name, value) in &self.headers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
+        let mut out = Vec::with_capacity((self.headers.len() + self.trailers.len()) * 32 + 1);
+        encode_lines(&self.headers, &mut out);
+        if !self.trailers.is_empty() {
             out.push(b'\n');
+            encode_lines(&self.trailers, &mut out);
         }
         out
     }
 
-    /// Decode headers written by [`encode_headers`](Self::encode_headers).
+    /// Decode the headers written by [`encode_headers`](Self::encode_headers) (the trailers
+    /// section, if any, is left out: [`from_parts`](Self::from_parts) reads both).
     pub fn decode_headers(encoded: &[u8]) -> Result<HeaderMap, StoreError> {
-        let mut headers = HeaderMap::new();
-        for line in encoded.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            let split = line
-                .windows(2)
-                .position(|w| w == b": ")
-                .ok_or_else(|| StoreError::corrupt("a saved header line has no separator"))?;
-            let name = HeaderName::from_bytes(&line[..split])
-                .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
-            let value = HeaderValue::from_bytes(&line[split + 2..])
-                .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
-            headers.append(name, value);
-        }
-        Ok(headers)
+        Ok(decode_sections(encoded)?.0)
     }
 
-    /// Rebuild a response from the columns a store kept.
+    /// Rebuild a response from the columns a store kept: its status, the bytes of
+    /// [`encode_headers`](Self::encode_headers), and the body.
     pub fn from_parts(
         status: u16,
         encoded_headers: &[u8],
@@ -162,16 +231,58 @@ impl StoredResponse {
     ) -> Result<Self, StoreError> {
         let status = StatusCode::from_u16(status)
             .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
-        Ok(Self {
-            status,
-            headers: Self::decode_headers(encoded_headers)?,
-            body,
-        })
+        let (headers, trailers) = decode_sections(encoded_headers)?;
+        Ok(Self::new(status, headers, body).with_trailers(trailers))
     }
 }
 
+fn encode_lines(headers: &HeaderMap, out: &mut Vec<u8>) {
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'\n');
+    }
+}
+
+/// The headers, then the trailers after the first empty line (none in records without trailers).
+fn decode_sections(encoded: &[u8]) -> Result<(HeaderMap, HeaderMap), StoreError> {
+    let mut headers = HeaderMap::new();
+    let mut trailers = HeaderMap::new();
+    let mut in_trailers = false;
+    let mut lines = encoded.split(|b| *b == b'\n').peekable();
+    while let Some(line) = lines.next() {
+        if line.is_empty() {
+            // The final split piece after the last `\n` is empty too; only a blank line with
+            // more after it opens the trailers.
+            if lines.peek().is_some() {
+                in_trailers = true;
+            }
+            continue;
+        }
+        let split = line
+            .windows(2)
+            .position(|w| w == b": ")
+            .ok_or_else(|| StoreError::corrupt("a saved header line has no separator"))?;
+        let name = HeaderName::from_bytes(&line[..split])
+            .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
+        let value = HeaderValue::from_bytes(&line[split + 2..])
+            .map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
+        if in_trailers {
+            trailers.append(name, value);
+        } else {
+            headers.append(name, value);
+        }
+    }
+    Ok((headers, trailers))
+}
+
 /// The result of a token-checked write (`complete`, `renew`, `release`).
+///
+/// `#[non_exhaustive]`: a `match` outside this crate needs a wildcard arm; [`applied`](Self::applied)
+/// is the usual question.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fenced {
     /// The record carried our token and was written.
     Applied,
@@ -223,6 +334,13 @@ impl Fenced {
 /// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f) } }
 /// ```
 pub trait Store: fmt::Debug + Send + Sync + 'static {
+    /// A short name for metrics and logs: the `store` label of
+    /// `idempotency_store_duration_seconds`. The built-in stores answer `memory`, `postgres`,
+    /// `sqlite` and `redis`; the default is `custom`.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
+
     /// Claim `claim.key` for `claim.fingerprint`, atomically.
     ///
     /// - no record, or an expired one: write a `running` record with `claim.token`, lease and
@@ -277,6 +395,7 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
 }
 
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 /// A store whose records live in a SQL database, so the handler's writes and the saved response
 /// can commit in one transaction (transactional mode).
 ///
@@ -363,6 +482,7 @@ impl StoreError {
 }
 
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         let kind = match &err {
@@ -402,11 +522,7 @@ mod tests {
         headers.append("x-multi", HeaderValue::from_static("one"));
         headers.append("x-multi", HeaderValue::from_static("two: with colon"));
         headers.append("x-bytes", HeaderValue::from_bytes(b"caf\xe9").unwrap());
-        let saved = StoredResponse {
-            status: StatusCode::CREATED,
-            headers,
-            body: Bytes::from_static(b"{}"),
-        };
+        let saved = StoredResponse::new(StatusCode::CREATED, headers, Bytes::from_static(b"{}"));
         let decoded = StoredResponse::decode_headers(&saved.encode_headers()).unwrap();
         assert_eq!(decoded, saved.headers);
         let multi: Vec<_> = decoded.get_all("x-multi").iter().collect();
@@ -417,5 +533,35 @@ mod tests {
     fn corrupt_headers_are_an_error_not_a_panic() {
         let err = StoredResponse::decode_headers(b"no separator here\n").unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+    }
+
+    #[test]
+    fn trailers_round_trip_and_old_records_decode_unchanged() {
+        let mut headers = HeaderMap::new();
+        headers.append("content-type", HeaderValue::from_static("application/grpc"));
+        let mut trailers = HeaderMap::new();
+        trailers.append("grpc-status", HeaderValue::from_static("0"));
+        trailers.append("grpc-message", HeaderValue::from_static("ok: fine"));
+        let saved = StoredResponse::new(StatusCode::OK, headers.clone(), Bytes::new())
+            .with_trailers(trailers.clone());
+        let encoded = saved.encode_headers();
+        let decoded = StoredResponse::from_parts(200, &encoded, Bytes::new()).unwrap();
+        assert_eq!(decoded, saved);
+
+        // Trailers with no headers at all still land in the trailers.
+        let only_trailers = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::new())
+            .with_trailers(trailers);
+        let decoded =
+            StoredResponse::from_parts(200, &only_trailers.encode_headers(), Bytes::new()).unwrap();
+        assert_eq!(decoded, only_trailers);
+
+        // A record written before trailers were kept: header lines only.
+        let old = b"content-type: application/json\nlocation: /orders/1\n";
+        let decoded = StoredResponse::from_parts(201, old, Bytes::new()).unwrap();
+        assert_eq!(decoded.headers.len(), 2);
+        assert!(decoded.trailers.is_empty());
+        let no_trailers =
+            StoredResponse::new(StatusCode::CREATED, decoded.headers.clone(), Bytes::new());
+        assert_eq!(no_trailers.encode_headers(), old.to_vec());
     }
 }

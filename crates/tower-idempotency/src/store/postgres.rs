@@ -34,7 +34,7 @@
 //! (`migrations/postgres/0001_idempotency_records.sql`, included here verbatim):
 //!
 //! ```sql
-#![doc = include_str!("../../../../migrations/postgres/0001_idempotency_records.sql")]
+#![doc = include_str!("../../migrations/postgres/0001_idempotency_records.sql")]
 //! ```
 //!
 //! # Waiting
@@ -271,7 +271,7 @@ fn migrator() -> Migrator {
         1,
         "idempotency records".into(),
         MigrationType::Simple,
-        include_str!("../../../../migrations/postgres/0001_idempotency_records.sql").into_sql_str(),
+        include_str!("../../migrations/postgres/0001_idempotency_records.sql").into_sql_str(),
         false,
     )]);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
@@ -287,6 +287,10 @@ impl fmt::Debug for PostgresStore {
 }
 
 impl Store for PostgresStore {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         for _ in 0..CLAIM_ATTEMPTS {
             let row = sqlx::query(CLAIM)

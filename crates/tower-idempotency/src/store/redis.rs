@@ -489,6 +489,10 @@ fn claim_outcome(reply: Value) -> Result<ClaimOutcome, StoreError> {
 }
 
 impl Store for RedisStore {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         let mut invocation = CLAIM.key(self.record_key(&claim.key));
         invocation

@@ -38,7 +38,7 @@
 //! (`migrations/sqlite/0001_idempotency_records.sql`, included here verbatim):
 //!
 //! ```sql
-#![doc = include_str!("../../../../migrations/sqlite/0001_idempotency_records.sql")]
+#![doc = include_str!("../../migrations/sqlite/0001_idempotency_records.sql")]
 //! ```
 //!
 //! # Waiting
@@ -250,7 +250,7 @@ fn migrator() -> Migrator {
         1,
         "idempotency records".into(),
         MigrationType::Simple,
-        include_str!("../../../../migrations/sqlite/0001_idempotency_records.sql").into_sql_str(),
+        include_str!("../../migrations/sqlite/0001_idempotency_records.sql").into_sql_str(),
         false,
     )]);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
@@ -266,6 +266,10 @@ impl fmt::Debug for SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         let live = sqlx::query(LIVE)
             .bind(claim.key.as_bytes().as_slice())
@@ -455,11 +459,11 @@ mod tests {
             store.claim(&claim).await.unwrap(),
             ClaimOutcome::Claimed { taken_over: false }
         );
-        let saved = StoredResponse {
-            status: http::StatusCode::CREATED,
-            headers: http::HeaderMap::new(),
-            body: Bytes::from_static(b"{}"),
-        };
+        let saved = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            Bytes::from_static(b"{}"),
+        );
         assert!(store
             .complete(&claim.key, claim.token, &saved)
             .await

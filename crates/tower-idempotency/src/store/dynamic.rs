@@ -1,0 +1,226 @@
+//! [`DynStore`]: a store chosen at run time, behind one type.
+
+use std::{fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use super::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoredResponse};
+use crate::key::KeyHash;
+
+/// A boxed, `Send` future: what [`ErasedStore`] methods return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The dyn-compatible form of [`Store`]: the same operations (named `dyn_*`, so that both traits
+/// can be in scope), returning boxed futures.
+///
+/// Implemented for every [`Store`]; you never implement it yourself. Use it through
+/// [`DynStore`].
+pub trait ErasedStore: fmt::Debug + Send + Sync + 'static {
+    /// [`Store::name`].
+    fn dyn_name(&self) -> &'static str;
+    /// [`Store::claim`].
+    fn dyn_claim<'a>(&'a self, claim: &'a Claim)
+        -> BoxFuture<'a, Result<ClaimOutcome, StoreError>>;
+    /// [`Store::renew`].
+    fn dyn_renew<'a>(
+        &'a self,
+        key: &'a KeyHash,
+        token: FencingToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
+    /// [`Store::complete`].
+    fn dyn_complete<'a>(
+        &'a self,
+        key: &'a KeyHash,
+        token: FencingToken,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
+    /// [`Store::release`].
+    fn dyn_release<'a>(
+        &'a self,
+        key: &'a KeyHash,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
+    /// [`Store::sweep`].
+    fn dyn_sweep(&self, batch: u32) -> BoxFuture<'_, Result<u64, StoreError>>;
+    /// [`Store::wait_for_change`].
+    fn dyn_wait_for_change<'a>(&'a self, key: &'a KeyHash, timeout: Duration) -> BoxFuture<'a, ()>;
+}
+
+impl<S: Store> ErasedStore for S {
+    fn dyn_name(&self) -> &'static str {
+        Store::name(self)
+    }
+
+    fn dyn_claim<'a>(
+        &'a self,
+        claim: &'a Claim,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>> {
+        Box::pin(Store::claim(self, claim))
+    }
+
+    fn dyn_renew<'a>(
+        &'a self,
+        key: &'a KeyHash,
+        token: FencingToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(Store::renew(self, key, token, lease))
+    }
+
+    fn dyn_complete<'a>(
+        &'a self,
+        key: &'a KeyHash,
+        token: FencingToken,
+        response: &'a StoredResponse,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(Store::complete(self, key, token, response))
+    }
+
+    fn dyn_release<'a>(
+        &'a self,
+        key: &'a KeyHash,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
+        Box::pin(Store::release(self, key, token))
+    }
+
+    fn dyn_sweep(&self, batch: u32) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(Store::sweep(self, batch))
+    }
+
+    fn dyn_wait_for_change<'a>(&'a self, key: &'a KeyHash, timeout: Duration) -> BoxFuture<'a, ()> {
+        Box::pin(Store::wait_for_change(self, key, timeout))
+    }
+}
+
+/// Any [`Store`], chosen at run time: `Idempotency<DynStore>` is one type whichever backend the
+/// configuration picked.
+///
+/// Each operation costs one extra allocation (the boxed future), small next to a network round
+/// trip. Transactional mode needs the concrete SQL store (`Idempotency::postgres(pool)` or
+/// `::sqlite(pool)`), since the handler's transaction has that database's type.
+///
+/// ```
+/// use tower_idempotency::{store::{DynStore, MemoryStore}, Idempotency};
+///
+/// # fn postgres_store() -> MemoryStore { MemoryStore::new() }
+/// let use_postgres = std::env::var_os("DATABASE_URL").is_some();
+/// let store = if use_postgres {
+///     DynStore::new(postgres_store()) // e.g. PostgresStore::new(pool)
+/// } else {
+///     DynStore::new(MemoryStore::new())
+/// };
+/// let layer = Idempotency::new(store);
+/// # let _ = layer;
+/// ```
+#[derive(Clone)]
+pub struct DynStore(Arc<dyn ErasedStore>);
+
+impl DynStore {
+    /// Erase the type of `store`.
+    pub fn new(store: impl Store) -> Self {
+        Self(Arc::new(store))
+    }
+
+    /// A store already shared behind an `Arc`.
+    pub fn from_arc(store: Arc<dyn ErasedStore>) -> Self {
+        Self(store)
+    }
+}
+
+impl fmt::Debug for DynStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("DynStore").field(&self.0).finish()
+    }
+}
+
+impl Store for DynStore {
+    fn name(&self) -> &'static str {
+        self.0.dyn_name()
+    }
+
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
+        self.0.dyn_claim(claim).await
+    }
+
+    async fn renew(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Fenced, StoreError> {
+        self.0.dyn_renew(key, token, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        self.0.dyn_complete(key, token, response).await
+    }
+
+    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
+        self.0.dyn_release(key, token).await
+    }
+
+    async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
+        self.0.dyn_sweep(batch).await
+    }
+
+    async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
+        self.0.dyn_wait_for_change(key, timeout).await
+    }
+}
+
+#[cfg(all(test, feature = "memory"))]
+mod tests {
+    use bytes::Bytes;
+    use http::{HeaderMap, StatusCode};
+
+    use super::*;
+    use crate::{fingerprint::Fingerprint, key::IdempotencyKey, store::MemoryStore};
+
+    #[tokio::test]
+    async fn a_dyn_store_forwards_every_operation() {
+        let store = DynStore::new(MemoryStore::new());
+        let key = IdempotencyKey::parse(b"k")
+            .unwrap()
+            .scoped_hash(&crate::key::Scope::new("s"));
+        let fingerprint = Fingerprint::of(&[b"POST", b"/orders"]);
+        let claim = Claim::new(
+            key,
+            fingerprint,
+            FencingToken::new(),
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+        );
+        assert_eq!(store.claim(&claim).await.unwrap(), ClaimOutcome::claimed());
+        assert!(store
+            .renew(&key, claim.token, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .applied());
+        let saved = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), Bytes::from("ok"));
+        assert!(store
+            .complete(&key, claim.token, &saved)
+            .await
+            .unwrap()
+            .applied());
+        let retry = Claim::new(
+            key,
+            fingerprint,
+            FencingToken::new(),
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            store.claim(&retry).await.unwrap(),
+            ClaimOutcome::Done(saved)
+        );
+        assert!(!store.release(&key, retry.token).await.unwrap().applied());
+        assert_eq!(store.sweep(10).await.unwrap(), 0);
+        assert!(format!("{store:?}").starts_with("DynStore(MemoryStore"));
+        assert_eq!(store.name(), "memory");
+    }
+}
