@@ -3,10 +3,12 @@
 //! | status | rejection | when |
 //! |---|---|---|
 //! | 400 | [`Rejection::MissingKey`], [`Rejection::InvalidKey`], [`Rejection::UnreadableBody`] | no usable key, or the body could not be read |
+//! | 408 | [`Rejection::BodyTimeout`] | the body was not received in time; nothing was claimed |
 //! | 409 | [`Rejection::InFlight`], [`Rejection::LeaseLost`] | the first attempt with this key is still running |
 //! | 413 | [`Rejection::BodyTooLarge`] | the body is over the limit; nothing was claimed |
 //! | 422 | [`Rejection::KeyReused`] | the key was first used for a different request |
-//! | 503 | [`Rejection::StoreUnavailable`] | the store could not be reached; the handler was not called |
+//! | 500 | [`Rejection::StoreFailed`] | the store answered with an error that retrying will not fix; the handler was not called |
+//! | 503 | [`Rejection::StoreUnavailable`], [`Rejection::StoreFull`] | the store could not be reached, or is full; the handler was not called |
 //!
 //! Every rejection is logged as a `tracing` event under the target `tower_idempotency`.
 
@@ -46,9 +48,16 @@ pub enum Rejection {
         /// The limit in bytes.
         limit: usize,
     },
+    /// 408: the request body did not arrive within the layer's body timeout. Nothing was
+    /// claimed.
+    BodyTimeout {
+        /// The timeout.
+        timeout: Duration,
+    },
     /// 409: another attempt with this key is running.
     InFlight {
-        /// When to retry: the time left on the running attempt's lease.
+        /// When to retry: an estimate of when the running attempt finishes (see
+        /// [`RetryAfter`](crate::RetryAfter)), never beyond its lease.
         retry_after: Duration,
     },
     /// 409: transactional mode only. This attempt lost its lease to a retry while the handler ran,
@@ -64,6 +73,16 @@ pub enum Rejection {
         /// When to retry.
         retry_after: Duration,
     },
+    /// 503: the idempotency store holds as many records as it may (a
+    /// [`MemoryStore`](crate::store::MemoryStore) at its capacity), so the handler was not called.
+    StoreFull {
+        /// When to retry.
+        retry_after: Duration,
+    },
+    /// 500: the idempotency store answered with an error that a retry will not fix (a
+    /// missing table, a corrupt record), so the handler was not called. The cause is logged,
+    /// never sent to the client.
+    StoreFailed,
 }
 
 impl Rejection {
@@ -73,10 +92,14 @@ impl Rejection {
             Rejection::MissingKey { .. }
             | Rejection::InvalidKey { .. }
             | Rejection::UnreadableBody => StatusCode::BAD_REQUEST,
+            Rejection::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::InFlight { .. } | Rejection::LeaseLost { .. } => StatusCode::CONFLICT,
             Rejection::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Rejection::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Rejection::StoreUnavailable { .. } | Rejection::StoreFull { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Rejection::StoreFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -87,10 +110,13 @@ impl Rejection {
             Rejection::InvalidKey { .. } => "Idempotency key invalid",
             Rejection::UnreadableBody => "Request body unreadable",
             Rejection::BodyTooLarge { .. } => "Request body too large",
+            Rejection::BodyTimeout { .. } => "Request body too slow",
             Rejection::InFlight { .. } => "Request in progress",
             Rejection::LeaseLost { .. } => "Request superseded",
             Rejection::KeyReused => "Idempotency key reused",
             Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
+            Rejection::StoreFull { .. } => "Idempotency store full",
+            Rejection::StoreFailed => "Idempotency store error",
         }
     }
 
@@ -109,6 +135,10 @@ impl Rejection {
             Rejection::BodyTooLarge { limit } => format!(
                 "the request body is larger than {limit} bytes, the most this endpoint accepts with an idempotency key; nothing was processed"
             ),
+            Rejection::BodyTimeout { timeout } => format!(
+                "the request body was not received within {} s; nothing was processed; send the request again (with the same idempotency key)",
+                retry_after_secs(*timeout)
+            ),
             Rejection::InFlight { retry_after } => format!(
                 "a request with this idempotency key is still being processed; retry after {} s to get its result",
                 retry_after_secs(*retry_after)
@@ -122,6 +152,11 @@ impl Rejection {
                 "the request was not processed because idempotency could not be guaranteed right now; retry with the same key after {} s",
                 retry_after_secs(*retry_after)
             ),
+            Rejection::StoreFull { retry_after } => format!(
+                "the request was not processed because the idempotency store is full; retry with the same key after {} s (records free as they expire)",
+                retry_after_secs(*retry_after)
+            ),
+            Rejection::StoreFailed => "the request was not processed because the idempotency store answered with an error; the cause is in the server's log; retrying will not help until it is fixed".to_owned(),
         }
     }
 
@@ -132,10 +167,13 @@ impl Rejection {
             Rejection::InvalidKey { .. } => "InvalidKey",
             Rejection::UnreadableBody => "UnreadableBody",
             Rejection::BodyTooLarge { .. } => "BodyTooLarge",
+            Rejection::BodyTimeout { .. } => "BodyTimeout",
             Rejection::InFlight { .. } => "InFlight",
             Rejection::LeaseLost { .. } => "LeaseLost",
             Rejection::KeyReused => "KeyReused",
             Rejection::StoreUnavailable { .. } => "StoreUnavailable",
+            Rejection::StoreFull { .. } => "StoreFull",
+            Rejection::StoreFailed => "StoreFailed",
         };
         format!("{TYPE_BASE}{variant}")
     }
@@ -145,7 +183,8 @@ impl Rejection {
         match self {
             Rejection::InFlight { retry_after }
             | Rejection::LeaseLost { retry_after }
-            | Rejection::StoreUnavailable { retry_after } => Some(*retry_after),
+            | Rejection::StoreUnavailable { retry_after }
+            | Rejection::StoreFull { retry_after } => Some(*retry_after),
             _ => None,
         }
     }

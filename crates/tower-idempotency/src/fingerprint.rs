@@ -1,11 +1,20 @@
 //! What makes two requests "the same request": the fingerprint a key is bound to.
 //!
-//! The default fingerprint is SHA-256 over the method, the path with its query, the values of any
-//! headers named with [`with_fingerprint_headers`](crate::Idempotency::with_fingerprint_headers),
-//! and the body. A JSON body (`application/json` or any `+json` type) that parses is
-//! canonicalised first (object keys sorted at every depth, no insignificant whitespace), so
-//! `{"a":1,"b":2}` and `{ "b":2, "a":1 }` are the same request. Any other body is hashed as
-//! its raw bytes.
+//! The default fingerprint is SHA-256 over the method, the path with its query, the media type of
+//! `Content-Type`, the values of any headers named with
+//! [`with_fingerprint_headers`](crate::Idempotency::with_fingerprint_headers), and the body.
+//!
+//! It covers what a handler reads:
+//!
+//! - The media type (`application/json`, lower-cased, without parameters such as `charset`)
+//!   counts, because handlers refuse or read bodies by it: a saved 201 is not replayed to a
+//!   `text/plain` retry the handler would refuse, and a saved "wrong Content-Type" 400 is not
+//!   replayed to the corrected request.
+//! - A JSON body (`application/json` or any `+json` type) that parses is canonicalised first
+//!   (object keys sorted at every depth, no insignificant whitespace), so `{"a":1,"b":2}` and
+//!   `{ "b":2, "a":1 }` are the same request. So is a body without `Content-Type` that parses as
+//!   JSON, since handlers commonly read those as JSON too.
+//! - Any other body is hashed as its raw bytes.
 
 use std::fmt;
 
@@ -108,8 +117,13 @@ impl FingerprintFn for DefaultFingerprint {
             }
             header_bytes.push(b'\n');
         }
+        let media_type = media_type(&parts.headers);
+        let json_like = match &media_type {
+            Some(essence) => is_json(essence),
+            None => true,
+        };
         let canonical;
-        let body: &[u8] = match is_json(&parts.headers)
+        let body: &[u8] = match json_like
             .then(|| serde_json::from_slice::<serde_json::Value>(body).ok())
             .flatten()
         {
@@ -119,26 +133,29 @@ impl FingerprintFn for DefaultFingerprint {
             }
             None => body,
         };
+        // A request without Content-Type and one with an empty value are hashed apart: the
+        // byte 0 cannot start a media type.
+        let media_type = media_type.map_or_else(|| vec![0], String::into_bytes);
         Fingerprint::of(&[
             parts.method.as_str().as_bytes(),
             path.as_bytes(),
+            &media_type,
             &header_bytes,
             body,
         ])
     }
 }
 
+/// The essence of the `Content-Type` (`type/subtype`, lower-cased, no parameters), or `None`
+/// without one. A value that is not visible ASCII counts as its raw bytes, lower-cased.
+fn media_type(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(CONTENT_TYPE)?;
+    let essence = value.as_bytes().split(|b| *b == b';').next().unwrap_or(&[]);
+    Some(String::from_utf8_lossy(essence.trim_ascii()).to_ascii_lowercase())
+}
+
 /// `application/json`, or any `type/subtype+json` such as `application/merge-patch+json`.
-fn is_json(headers: &HeaderMap) -> bool {
-    let Some(ct) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+fn is_json(essence: &str) -> bool {
     essence == "application/json" || essence.ends_with("+json")
 }
 
@@ -254,6 +271,49 @@ mod tests {
         let c = fp("POST", "/x", Some("application/json"), "{not  json");
         assert_eq!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn re_serialised_json_without_content_type_matches() {
+        let a = fp(
+            "POST",
+            "/orders",
+            None,
+            r#"{"customerId":"c_1","totalCents":40}"#,
+        );
+        let b = fp(
+            "POST",
+            "/orders",
+            None,
+            "{\n  \"totalCents\": 40,\n  \"customerId\": \"c_1\"\n}",
+        );
+        assert_eq!(a, b);
+        // Not JSON: raw bytes, as before.
+        assert_ne!(
+            fp("POST", "/x", None, "a=1&b=2"),
+            fp("POST", "/x", None, "b=2&a=1")
+        );
+    }
+
+    #[test]
+    fn the_media_type_counts_but_not_its_parameters_or_case() {
+        let body = r#"{"a":1}"#;
+        let json = fp("POST", "/x", Some("application/json"), body);
+        assert_ne!(json, fp("POST", "/x", Some("text/plain"), body));
+        assert_ne!(json, fp("POST", "/x", None, body));
+        assert_ne!(
+            json,
+            fp("POST", "/x", Some("application/merge-patch+json"), body)
+        );
+        assert_eq!(
+            json,
+            fp("POST", "/x", Some("Application/JSON ; charset=UTF-8"), body)
+        );
+        assert_ne!(
+            fp("POST", "/x", Some(""), ""),
+            fp("POST", "/x", None, ""),
+            "an empty Content-Type is not an absent one"
+        );
     }
 
     #[test]

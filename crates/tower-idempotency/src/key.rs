@@ -222,17 +222,32 @@ where
 }
 
 /// The default scope: a hash of the `Authorization` header (empty when absent or empty).
+///
+/// When a request carries several `Authorization` headers, every value is part of the scope, in
+/// order, never only the first. Such a request is malformed (the header is not a list), and
+/// which value an authentication layer checks is up to that layer: the first, the last, or a
+/// refusal. Hashing them all means the scope never depends on a value the caller may not have
+/// been authenticated with, so a caller cannot reach another caller's records by adding a
+/// header in front of its own credentials. The layer does not refuse such requests itself (a
+/// scope is computed, not checked); refuse them in the authentication layer.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AuthorizationScope;
 
 impl ScopeFn for AuthorizationScope {
     fn scope(&self, request: &Parts) -> Scope {
-        let auth = request
-            .headers
-            .get(AUTHORIZATION)
-            .map(|v| v.as_bytes())
-            .unwrap_or_default();
-        Scope::new(auth)
+        let mut values = request.headers.get_all(AUTHORIZATION).iter();
+        let first = values.next().map(|v| v.as_bytes()).unwrap_or_default();
+        let Some(second) = values.next() else {
+            // One value: its bytes alone, so scopes (and records) are those of a single header.
+            return Scope::new(first);
+        };
+        // A header value never contains `\n`, so the joined bytes are unambiguous.
+        let mut joined = first.to_vec();
+        for value in std::iter::once(second).chain(values) {
+            joined.push(b'\n');
+            joined.extend_from_slice(value.as_bytes());
+        }
+        Scope::new(joined)
     }
 }
 
@@ -336,6 +351,30 @@ mod tests {
         assert_eq!(
             key.scoped_hash(&Scope::new("alice")),
             key.scoped_hash(&Scope::new("alice"))
+        );
+    }
+
+    #[test]
+    fn every_authorization_value_is_part_of_the_scope() {
+        let with = |values: &[&str]| {
+            let mut builder = http::Request::builder();
+            for v in values {
+                builder = builder.header(AUTHORIZATION, *v);
+            }
+            AuthorizationScope.scope(&builder.body(()).unwrap().into_parts().0)
+        };
+        let alice = with(&["Bearer alice"]);
+        assert_eq!(alice, Scope::new("Bearer alice"));
+        assert_ne!(with(&["Bearer alice", "Bearer mallory"]), alice);
+        assert_ne!(with(&["Bearer mallory", "Bearer alice"]), alice);
+        assert_ne!(
+            with(&["Bearer mallory", "Bearer alice"]),
+            with(&["Bearer mallory"])
+        );
+        assert_ne!(
+            with(&["Bearer alice", "Bearer mallory"]),
+            with(&["Bearer mallory", "Bearer alice"]),
+            "the order counts"
         );
     }
 

@@ -10,6 +10,7 @@ use crate::{
     key::{AuthorizationScope, ScopeFn},
     mode::{Mode, Standard},
     record::{DefaultSavePolicy, SavePolicy},
+    retry_after::{Durations, RetryAfter},
     service::IdempotencyService,
     store::Store,
     sweeper::Sweeper,
@@ -30,6 +31,8 @@ pub const DEFAULT_METHODS: [Method; 2] = [Method::POST, Method::PATCH];
 /// A call that takes longer counts as the store being unavailable (see
 /// [`Idempotency::with_store_timeout`]).
 pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long reading a request body may take by default: 30 seconds.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// In wait mode, the longest pause between two claims when the store's notification does not
 /// arrive (a store without notifications, or one that was missed).
 pub const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -59,12 +62,14 @@ pub const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// | key required | yes (400 when missing) | [`optional`](Self::optional) |
 /// | methods | POST, PATCH | [`with_methods`](Self::with_methods) |
 /// | body limit | 1 MiB (413 over it) | [`with_body_limit`](Self::with_body_limit) |
+/// | body read time | 30 s (408 over it) | [`with_body_timeout`](Self::with_body_timeout) |
 /// | retention | 24 h | [`with_ttl`](Self::with_ttl) |
 /// | lease | 30 s, renewed every 10 s | [`with_lease`](Self::with_lease) |
 /// | scope | hash of `Authorization` | [`with_scope`](Self::with_scope) |
 /// | fingerprint | method, path+query, canonical body | [`with_fingerprint`](Self::with_fingerprint), [`with_fingerprint_headers`](Self::with_fingerprint_headers) |
 /// | saved responses | all but 408, 425, 429, 503 | [`with_save_policy`](Self::with_save_policy) |
 /// | duplicate while in flight | 409 + `Retry-After` | [`wait_for_in_flight`](Self::wait_for_in_flight) |
+/// | `Retry-After` of that 409 | estimated from recent handler durations, 1 s to the lease left | [`with_retry_after`](Self::with_retry_after) |
 /// | store down | 503 + `Retry-After` | [`fail_open`](Self::fail_open) |
 /// | store call timeout | 5 s (then: store down) | [`with_store_timeout`](Self::with_store_timeout) |
 pub struct Idempotency<St, M = Standard> {
@@ -79,6 +84,7 @@ pub(crate) struct Config {
     pub(crate) required: bool,
     pub(crate) methods: Vec<Method>,
     pub(crate) body_limit: usize,
+    pub(crate) body_timeout: Duration,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) scope: Arc<dyn ScopeFn>,
@@ -87,6 +93,9 @@ pub(crate) struct Config {
     pub(crate) wait: Option<Duration>,
     pub(crate) fail_open: bool,
     pub(crate) store_timeout: Duration,
+    pub(crate) retry_after: RetryAfter,
+    /// Shared by every clone of the layer, so the estimate learns from all of them.
+    pub(crate) durations: Arc<Durations>,
 }
 
 impl Default for Config {
@@ -96,6 +105,7 @@ impl Default for Config {
             required: true,
             methods: DEFAULT_METHODS.to_vec(),
             body_limit: DEFAULT_BODY_LIMIT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             scope: Arc::new(AuthorizationScope),
@@ -104,6 +114,8 @@ impl Default for Config {
             wait: None,
             fail_open: false,
             store_timeout: DEFAULT_STORE_TIMEOUT,
+            retry_after: RetryAfter::default(),
+            durations: Arc::default(),
         }
     }
 }
@@ -138,7 +150,9 @@ impl<St: Store> Idempotency<St> {
 
 #[cfg(feature = "memory")]
 impl Idempotency<crate::store::MemoryStore> {
-    /// A layer over a new in-process [`MemoryStore`](crate::store::MemoryStore).
+    /// A layer over a new in-process [`MemoryStore`](crate::store::MemoryStore) of the default
+    /// capacity. Expired records are removed as new ones come in, so no
+    /// [`Sweeper`] is needed.
     ///
     /// ```
     /// let layer = tower_idempotency::Idempotency::memory();
@@ -205,6 +219,22 @@ impl<St: Store, M> Idempotency<St, M> {
     /// ```
     pub fn with_body_limit(self, limit: usize) -> Self {
         self.map_config(|c| c.body_limit = limit)
+    }
+
+    /// Give up reading a request body after `timeout` (default 30 s) and answer 408 Request
+    /// Timeout; nothing is claimed, so the client can send the request again with the same key.
+    ///
+    /// This bounds what a client that sends its body slowly (or stops half-way) can hold: the
+    /// buffer and the task. Servers should also bound the time to read the request head (see
+    /// hyper's `header_read_timeout`). A zero `timeout` is raised to 1 ms.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let layer = tower_idempotency::Idempotency::memory().with_body_timeout(Duration::from_secs(10));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_body_timeout(self, timeout: Duration) -> Self {
+        self.map_config(|c| c.body_timeout = timeout.max(Duration::from_millis(1)))
     }
 
     /// Keep records for `ttl` after their claim (default 24 h). A key can be reused for a
@@ -311,6 +341,22 @@ impl<St: Store, M> Idempotency<St, M> {
         self.map_config(|c| c.wait = Some(max))
     }
 
+    /// Choose the `Retry-After` of the 409 a duplicate gets while the first attempt runs
+    /// (default [`RetryAfter::Estimate`]: when the running attempt should finish, judged from
+    /// recent handler durations on the same path). Always at least 1 s, never beyond the lease
+    /// left.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::RetryAfter;
+    /// let layer = tower_idempotency::Idempotency::memory()
+    ///     .with_retry_after(RetryAfter::Fixed(Duration::from_secs(2)));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_retry_after(self, retry_after: RetryAfter) -> Self {
+        self.map_config(|c| c.retry_after = retry_after)
+    }
+
     /// When the store cannot be reached, call the handler anyway (logging a warning) instead of
     /// answering 503.
     ///
@@ -409,11 +455,13 @@ impl<St: fmt::Debug, M> fmt::Debug for Idempotency<St, M> {
             .field("required", &c.required)
             .field("methods", &c.methods)
             .field("body_limit", &c.body_limit)
+            .field("body_timeout", &c.body_timeout)
             .field("ttl", &c.ttl)
             .field("lease", &c.lease)
             .field("wait", &c.wait)
             .field("fail_open", &c.fail_open)
             .field("store_timeout", &c.store_timeout)
+            .field("retry_after", &c.retry_after)
             .finish_non_exhaustive()
     }
 }

@@ -6,8 +6,10 @@
 //!
 //! 1. The key is read from `Idempotency-Key`, bare (`abc`) or quoted (`"abc"`). Missing: 400
 //!    (or pass-through with [`optional`](Idempotency::optional)). Invalid: 400.
-//! 2. The body is buffered up to the limit (1 MiB): larger is 413, and nothing is claimed.
-//! 3. The request is fingerprinted: method, path and query, canonical JSON body.
+//! 2. The body is buffered up to the limit (1 MiB): larger is 413, slower than the body timeout
+//!    (30 s) is 408, and nothing is claimed.
+//! 3. The request is fingerprinted: method, path and query, the media type of `Content-Type`,
+//!    canonical JSON body.
 //! 4. The key is scoped to the caller (a hash of `Authorization` by default) and claimed in the
 //!    store in one atomic step. Then exactly one of:
 //!    - **claimed**: the handler runs; a heartbeat renews the lease meanwhile; its answer is
@@ -15,18 +17,21 @@
 //!    - **in flight**: 409 with `Retry-After` (or, in wait mode, wait for the first answer);
 //!    - **mismatch**: the key was used for a different request: 422;
 //!    - **done**: the saved status, headers and body are replayed with `Idempotent-Replayed: true`.
-//! 5. A handler error or panic, or a status that means "try again" (408, 425, 429, 503, or a
-//!    `grpc-status` of UNAVAILABLE, RESOURCE_EXHAUSTED or ABORTED), releases the key. A client
-//!    that disconnects does not stop the handler: its answer is still saved for the retry. A
-//!    store that cannot be reached gives 503 (fail closed).
+//! 5. A handler error or panic, a status that means "try again" (408, 425, 429, 503, or a
+//!    `grpc-status` of UNAVAILABLE, RESOURCE_EXHAUSTED or ABORTED), or an answer marked
+//!    [`NotProcessed`] releases the key. A client that disconnects does not stop the handler: its
+//!    answer is still saved for the retry. A store that cannot be reached gives 503 (fail
+//!    closed).
 //!
 //! | status | from the layer when |
 //! |---|---|
 //! | 400 | the key is missing (when required) or invalid |
-//! | 409 | the first attempt with this key is still running (`Retry-After` = lease left) |
+//! | 408 | the body did not arrive within the body timeout |
+//! | 409 | the first attempt with this key is still running (`Retry-After`: when it should be done, estimated from recent handler durations, see [`RetryAfter`]) |
 //! | 413 | the body is over the limit |
 //! | 422 | the key was first used for a different request |
-//! | 503 | the store is unavailable (`Retry-After: 1`) |
+//! | 500 | the store answered with an error a retry will not cure (the log has the cause) |
+//! | 503 | the store is unavailable or full (`Retry-After: 1`) |
 //!
 //! All are `application/problem+json` ([`Rejection`]).
 //!
@@ -55,8 +60,10 @@ pub mod fingerprint;
 pub mod key;
 mod layer;
 mod mode;
+mod not_processed;
 mod observe;
 mod record;
+mod retry_after;
 mod service;
 pub mod store;
 pub mod sweeper;
@@ -70,13 +77,15 @@ pub use error::Rejection;
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyHash, Scope};
 pub use layer::{
-    Idempotency, DEFAULT_BODY_LIMIT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS,
-    DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
+    Idempotency, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_NAME, DEFAULT_LEASE,
+    DEFAULT_METHODS, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
 };
 pub use mode::{Mode, Standard};
+pub use not_processed::NotProcessed;
 #[cfg(feature = "metrics")]
 pub use observe::describe_metrics;
 pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
+pub use retry_after::RetryAfter;
 pub use service::{IdempotencyService, ResponseFuture};
 pub use sweeper::Sweeper;
 #[cfg(feature = "sqlx")]

@@ -26,15 +26,36 @@ use crate::{
     key::{IdempotencyKey, KeyHash},
     layer::{Config, Idempotency, WAIT_POLL_INTERVAL},
     mode::{Mode, Standard},
+    not_processed::NotProcessed,
     observe::{self, Outcome, RequestRecord},
     record,
-    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoredResponse},
+    retry_after::Running,
+    store::{
+        Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind,
+        StoredResponse,
+    },
     timeout::bounded,
     BoxError, RequestBody,
 };
 
 /// How long a client is told to wait when the store is unavailable.
 const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Claims tried when the store reports a conflict (serialization failure, deadlock) before
+/// answering 503.
+const CLAIM_ATTEMPTS: u32 = 3;
+
+/// The answer to a store error: 503 for what a retry can cure, 500 for what needs an operator.
+fn store_rejection(err: &StoreError) -> Rejection {
+    match err.kind() {
+        StoreErrorKind::Full => Rejection::StoreFull {
+            retry_after: STORE_RETRY_AFTER,
+        },
+        _ if err.is_transient() => Rejection::StoreUnavailable {
+            retry_after: STORE_RETRY_AFTER,
+        },
+        _ => Rejection::StoreFailed,
+    }
+}
 
 /// The middleware produced by [`Idempotency`]. See the crate docs for the request flow.
 pub struct IdempotencyService<S, St, M = Standard> {
@@ -279,21 +300,32 @@ where
         );
         return Ok(reject(too_large));
     }
-    let bytes = match Limited::new(body, config.body_limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<LengthLimitError>() => {
+    let read = Limited::new(body, config.body_limit).collect();
+    let bytes = match tokio::time::timeout(config.body_timeout, read).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(err)) if err.is::<LengthLimitError>() => {
             record.finish(Outcome::Rejected, &"the body is over the limit: 413");
             return Ok(reject(too_large));
         }
-        Err(_) => {
+        Ok(Err(_)) => {
             record.finish(Outcome::Rejected, &"the body could not be read: 400");
             return Ok(reject(Rejection::UnreadableBody));
+        }
+        Err(_elapsed) => {
+            record.finish(
+                Outcome::Rejected,
+                &"the body did not arrive within the body timeout: 408",
+            );
+            return Ok(reject(Rejection::BodyTimeout {
+                timeout: config.body_timeout,
+            }));
         }
     };
 
     let key_hash = key.scoped_hash(&config.scope.scope(&parts));
     let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
     record.key(&key_hash);
+    let path = parts.uri.path().to_owned();
 
     {
         let token = FencingToken::new();
@@ -316,6 +348,7 @@ where
                     config: layer.config.clone(),
                     key: key_hash,
                     token,
+                    path: path.clone(),
                     record: record.clone(),
                 };
                 // If the client disconnects and this future is dropped, the attempt is handed to
@@ -331,9 +364,13 @@ where
                     Outcome::InFlight,
                     &"the first attempt is still running: 409",
                 );
-                Ok(reject(Rejection::InFlight {
-                    retry_after: lease_remaining,
-                }))
+                let retry_after = layer.config.durations.retry_after(
+                    layer.config.retry_after,
+                    &key_hash,
+                    &path,
+                    lease_remaining,
+                );
+                Ok(reject(Rejection::InFlight { retry_after }))
             }
             Ok(ClaimOutcome::Mismatch) => {
                 record.finish(
@@ -361,13 +398,16 @@ where
                 .await
             }
             Err(err) => {
+                let rejection = store_rejection(&err);
                 record.finish(
                     Outcome::StoreError,
-                    &format_args!("store failed: {}; answering 503", observe::Chain(&err)),
+                    &format_args!(
+                        "store failed: {}; answering {}",
+                        observe::Chain(&err),
+                        rejection.status().as_u16()
+                    ),
                 );
-                Ok(reject(Rejection::StoreUnavailable {
-                    retry_after: STORE_RETRY_AFTER,
-                }))
+                Ok(reject(rejection))
             }
         }
     }
@@ -384,9 +424,19 @@ async fn claim<St: Store, M>(
     let claim = Claim::new(key, fingerprint, token, config.lease, config.ttl);
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut waited = false;
+    let mut conflicts = 0;
     loop {
         let attempt = bounded("the claim", config.store_timeout, layer.store.claim(&claim));
         let outcome = match observe::timed(layer.store.name(), "claim", attempt).await {
+            // Nothing was written: the same claim again is expected to go through.
+            Err(err)
+                if err.kind() == StoreErrorKind::Conflict && conflicts + 1 < CLAIM_ATTEMPTS =>
+            {
+                conflicts += 1;
+                tracing::debug!(target: "tower_idempotency", error = %observe::Chain(&err), conflicts, "the claim conflicted with a concurrent one; claiming again");
+                tokio::time::sleep(Duration::from_millis(5 << conflicts)).await;
+                continue;
+            }
             Ok(outcome) => outcome,
             Err(err) => {
                 release_in_background(layer, key, token);
@@ -519,12 +569,13 @@ struct Attempt<St> {
     config: Arc<Config>,
     key: KeyHash,
     token: FencingToken,
+    path: String,
     record: Arc<RequestRecord>,
 }
 
 impl<St: Store> Attempt<St> {
     async fn execute<S, M, ReqBody, ResBody>(
-        self,
+        mut self,
         mut inner: S,
         req: Request<ReqBody>,
         attempt: M::Attempt,
@@ -535,6 +586,12 @@ impl<St: Store> Attempt<St> {
         ResBody: Body<Data = Bytes>,
         ResBody::Error: Into<BoxError>,
     {
+        let running = Running {
+            durations: self.config.durations.clone(),
+            key: self.key,
+            start: self.config.durations.started(self.key),
+            path: std::mem::take(&mut self.path),
+        };
         let work = AssertUnwindSafe(async {
             let response = inner.call(req).await?;
             let (parts, body) = response.into_parts();
@@ -574,6 +631,18 @@ impl<St: Store> Attempt<St> {
             }
             Ok(Ok((parts, Ok(body)))) => (parts, body),
         };
+        // The handler is done: its duration is recorded without the save that follows.
+        drop(running);
+
+        if parts.extensions.get::<NotProcessed>().is_some() {
+            M::abandon(attempt, self.config.store_timeout).await;
+            self.release("the handler marked its answer NotProcessed")
+                .await;
+            return Ok(Response::from_parts(
+                parts,
+                ResponseBody::with_trailers(body, trailers),
+            ));
+        }
 
         if !self
             .config
@@ -614,11 +683,10 @@ impl<St: Store> Attempt<St> {
                 &"the lease was taken over before the answer was saved; the answer is sent but not saved",
             ),
             Err(err) if M::TRANSACTIONAL => {
-                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: 503", observe::Chain(&err)));
+                let rejection = store_rejection(&err);
+                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: {}", observe::Chain(&err), rejection.status().as_u16()));
                 self.release("the commit failed").await;
-                return Ok(reject(Rejection::StoreUnavailable {
-                    retry_after: STORE_RETRY_AFTER,
-                }));
+                return Ok(reject(rejection));
             }
             Err(err) => self.record.finish(
                 Outcome::StoreError,
@@ -760,6 +828,142 @@ mod tests {
             assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         }
         assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_not_processed_answer_releases_the_key() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let count = count.clone();
+            tower::service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
+                let count = count.clone();
+                async move {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    let mut response = Response::new(Full::new(body.clone()));
+                    if body == "bad" {
+                        *response.status_mut() = StatusCode::BAD_REQUEST;
+                        response.extensions_mut().insert(NotProcessed);
+                    } else {
+                        *response.status_mut() = StatusCode::CREATED;
+                    }
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            })
+        };
+        let service = IdempotencyService::new(handler, MemoryStore::new());
+        let refused = service.clone().oneshot(post("k", "bad")).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+        // The corrected body with the same key runs (no 422), and is then saved as usual.
+        let fixed = service.clone().oneshot(post("k", "good")).await.unwrap();
+        assert_eq!(fixed.status(), StatusCode::CREATED);
+        let retry = service.clone().oneshot(post("k", "good")).await.unwrap();
+        assert_eq!(retry.headers()[&crate::REPLAYED_HEADER], "true");
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    /// A request body that sends its first bytes, then stalls for ever (a slow client).
+    struct StallingBody {
+        first: Option<Bytes>,
+        stalls: bool,
+    }
+
+    impl Body for StallingBody {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            match self.first.take() {
+                Some(bytes) => Poll::Ready(Some(Ok(http_body::Frame::data(bytes)))),
+                None if self.stalls => Poll::Pending,
+                None => Poll::Ready(None),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_slower_than_the_timeout_gets_408_and_claims_nothing() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let handler = {
+            let count = count.clone();
+            tower::service_fn(move |_req: Request<RequestBody<StallingBody>>| {
+                count.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new()))) }
+            })
+        };
+        let layer = Idempotency::new(MemoryStore::new()).with_body_timeout(Duration::from_secs(5));
+        let store = layer.store().clone();
+        let service = IdempotencyService::from_layer(handler, layer);
+        let req = Request::post("/orders")
+            .header("idempotency-key", "k")
+            .body(StallingBody {
+                first: Some(Bytes::from_static(b"{\"a\":")),
+                stalls: true,
+            })
+            .unwrap();
+        let started = Instant::now();
+        let response = service.clone().oneshot(req).await.unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
+        assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(
+            response.headers()[http::header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert!(store.is_empty(), "nothing was claimed");
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_of_a_duplicate_estimates_the_time_left() {
+        let handler = tower::service_fn(|_req: Request<RequestBody<Full<Bytes>>>| async {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
+        });
+        let service = IdempotencyService::from_layer(handler, Idempotency::new(MemoryStore::new()));
+        // Teach the estimate: a few attempts of 4 s each.
+        for i in 0..20 {
+            service
+                .clone()
+                .oneshot(post(&format!("warm{i}"), ""))
+                .await
+                .unwrap();
+        }
+        let first = tokio::spawn(service.clone().oneshot(post("k", "")));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let duplicate = service.clone().oneshot(post("k", "")).await.unwrap();
+        assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+        // About 2.5 s left of a 4 s attempt, not the 30 s lease.
+        assert_eq!(duplicate.headers()[http::header::RETRY_AFTER], "3");
+        first.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_full_memory_store_answers_503_store_full() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let service = IdempotencyService::new(
+            counting_service(count.clone(), StatusCode::CREATED),
+            MemoryStore::with_capacity(16),
+        );
+        let mut full = None;
+        for i in 0..200 {
+            let response = service
+                .clone()
+                .oneshot(post(&format!("k{i}"), ""))
+                .await
+                .unwrap();
+            if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+                full = Some(response);
+                break;
+            }
+        }
+        let full = full.expect("a store of 16 records fills up");
+        assert!(full.headers().contains_key(http::header::RETRY_AFTER));
+        let json: serde_json::Value = serde_json::from_slice(&body_of(full).await).unwrap();
+        assert_eq!(json["title"], "Idempotency store full");
+        assert!(count.load(Ordering::SeqCst) <= 16);
     }
 
     #[test]

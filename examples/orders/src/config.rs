@@ -11,15 +11,49 @@ pub struct Config {
     pub lease: Duration,
     /// How long an answer is kept for replays (`IDEMPOTENCY_TTL_SECS`, default 24 h).
     pub ttl: Duration,
+    /// How long reading a `POST /orders` body may take before 408 (`BODY_TIMEOUT_MS`, default
+    /// 10 s).
+    pub body_timeout: Duration,
+    /// How many `POST /orders` are handled at once, bodies included (`MAX_IN_FLIGHT_ORDERS`,
+    /// default 64); more wait their turn without their bodies being read.
+    pub max_in_flight_orders: usize,
 }
 
 impl Default for Config {
-    /// No payment latency, a 30 s lease, 24 h retention.
+    /// No payment latency, a 30 s lease, 24 h retention, 10 s to send a body, 64 orders at once.
     fn default() -> Self {
         Self {
             payment_latency: Duration::ZERO,
             lease: tower_idempotency::DEFAULT_LEASE,
             ttl: tower_idempotency::DEFAULT_TTL,
+            body_timeout: Duration::from_secs(10),
+            max_in_flight_orders: 64,
+        }
+    }
+}
+
+/// How the server treats connections: timeouts, bounds, shutdown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// How long a client may take to send a request's head, and how long an idle keep-alive
+    /// connection is kept (`HEADER_READ_TIMEOUT_MS`, default 10 s). A slow-loris client is cut
+    /// after this.
+    pub header_read_timeout: Duration,
+    /// The most connections served at once (`MAX_CONNECTIONS`, default 1024); more wait in the
+    /// listen backlog.
+    pub max_connections: usize,
+    /// After SIGTERM or SIGINT, how long running requests get to finish before the process exits
+    /// anyway (`SHUTDOWN_GRACE_MS`, default 10 s).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    /// 10 s for a request head (and idle keep-alive), 1024 connections, 10 s of grace.
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -33,6 +67,8 @@ pub struct Settings {
     pub bind_addr: SocketAddr,
     /// The router's configuration.
     pub config: Config,
+    /// The server's timeouts and bounds.
+    pub server: ServerConfig,
 }
 
 /// The address served on when `BIND_ADDR` is not set.
@@ -99,17 +135,56 @@ impl Settings {
                 1,
                 "a whole number of seconds, at least 1, like 86400",
             )?),
+            body_timeout: Duration::from_millis(number(
+                "BODY_TIMEOUT_MS",
+                millis(defaults.body_timeout),
+                1,
+                "a whole number of milliseconds, at least 1, like 10000",
+            )?),
+            max_in_flight_orders: count(number(
+                "MAX_IN_FLIGHT_ORDERS",
+                defaults.max_in_flight_orders as u64,
+                1,
+                "a whole number, at least 1, like 64",
+            )?),
+        };
+        let server_defaults = ServerConfig::default();
+        let server = ServerConfig {
+            header_read_timeout: Duration::from_millis(number(
+                "HEADER_READ_TIMEOUT_MS",
+                millis(server_defaults.header_read_timeout),
+                1,
+                "a whole number of milliseconds, at least 1, like 10000",
+            )?),
+            max_connections: count(number(
+                "MAX_CONNECTIONS",
+                server_defaults.max_connections as u64,
+                1,
+                "a whole number, at least 1, like 1024",
+            )?),
+            shutdown_grace: Duration::from_millis(number(
+                "SHUTDOWN_GRACE_MS",
+                millis(server_defaults.shutdown_grace),
+                0,
+                "a whole number of milliseconds, like 10000",
+            )?),
         };
         Ok(Self {
             database_url,
             bind_addr,
             config,
+            server,
         })
     }
 }
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A count that does not fit the platform's `usize` (only on 32-bit) is capped.
+fn count(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// An environment variable whose value cannot be used.
@@ -165,6 +240,7 @@ mod tests {
         assert_eq!(s.config, Config::default());
         assert_eq!(s.config.lease, Duration::from_secs(30));
         assert_eq!(s.config.ttl, Duration::from_secs(86400));
+        assert_eq!(s.server, ServerConfig::default());
     }
 
     #[test]
@@ -175,6 +251,11 @@ mod tests {
             ("PAYMENT_LATENCY_MS", "3000"),
             ("IDEMPOTENCY_LEASE_MS", "1000"),
             ("IDEMPOTENCY_TTL_SECS", "60"),
+            ("BODY_TIMEOUT_MS", "2000"),
+            ("MAX_IN_FLIGHT_ORDERS", "8"),
+            ("HEADER_READ_TIMEOUT_MS", "1500"),
+            ("MAX_CONNECTIONS", "100"),
+            ("SHUTDOWN_GRACE_MS", "0"),
         ])
         .unwrap();
         assert_eq!(
@@ -185,6 +266,16 @@ mod tests {
         assert_eq!(s.config.payment_latency, Duration::from_secs(3));
         assert_eq!(s.config.lease, Duration::from_secs(1));
         assert_eq!(s.config.ttl, Duration::from_secs(60));
+        assert_eq!(s.config.body_timeout, Duration::from_secs(2));
+        assert_eq!(s.config.max_in_flight_orders, 8);
+        assert_eq!(
+            s.server,
+            ServerConfig {
+                header_read_timeout: Duration::from_millis(1500),
+                max_connections: 100,
+                shutdown_grace: Duration::ZERO,
+            }
+        );
     }
 
     #[test]
@@ -195,6 +286,9 @@ mod tests {
             ("IDEMPOTENCY_LEASE_MS", "0"),
             ("IDEMPOTENCY_TTL_SECS", "1.5"),
             ("BIND_ADDR", "localhost"),
+            ("MAX_CONNECTIONS", "0"),
+            ("HEADER_READ_TIMEOUT_MS", "0"),
+            ("BODY_TIMEOUT_MS", "ten"),
             ("DATABASE_URL", "mysql://x"),
         ] {
             let err = settings(&[(name, value)]).unwrap_err();

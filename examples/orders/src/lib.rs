@@ -32,9 +32,10 @@
 //! Errors are `application/problem+json` (RFC 9457); their `type` URIs point into
 //! `examples/orders/README.md`.
 
-use std::{str::FromStr, time::Duration};
+use std::{str::FromStr, sync::Arc, time::Duration};
 
 use axum::{
+    middleware,
     routing::{get, post},
     Router,
 };
@@ -44,6 +45,7 @@ use sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
     ConnectOptions, Connection, PgPool, Pool, SqlSafeStr, Sqlite, SqlitePool,
 };
+use tokio::sync::Semaphore;
 use tower_idempotency::{
     store::{postgres::PostgresStore, sqlite::SqliteStore, DynStore},
     Idempotency, Sweeper,
@@ -55,13 +57,15 @@ mod openapi;
 mod payment;
 mod problem;
 mod routes;
+mod server;
 mod telemetry;
 
-pub use config::{Config, ConfigError, Settings};
+pub use config::{Config, ConfigError, ServerConfig, Settings};
 pub use openapi::ApiDoc;
 pub use payment::PaymentProvider;
-pub use problem::Problem;
+pub use problem::{DbFault, Problem};
 pub use routes::{NewOrder, Order};
+pub use server::{serve, Shutdown};
 pub use telemetry::{metrics_handle, REQUEST_TIMEOUT};
 
 /// The SQLite file used when `DATABASE_URL` is not set, in the working directory.
@@ -223,7 +227,11 @@ fn router<B: backend::Backend>(pool: Pool<B>, config: &Config) -> Router {
     let idempotency = B::idempotency(pool.clone())
         .with_lease(config.lease)
         .with_ttl(config.ttl)
+        .with_body_timeout(config.body_timeout)
         .transactional();
+    // Outside the idempotency layer: a request waiting here has not had its body read yet, so
+    // memory for bodies is bounded by the permits.
+    let order_permits = Arc::new(Semaphore::new(config.max_in_flight_orders));
     let state = routes::AppState {
         pool,
         payments: PaymentProvider::new(config.payment_latency),
@@ -234,6 +242,10 @@ fn router<B: backend::Backend>(pool: Pool<B>, config: &Config) -> Router {
             "/orders",
             post(routes::create_order::<B>)
                 .route_layer(idempotency)
+                .route_layer(middleware::from_fn_with_state(
+                    order_permits,
+                    routes::one_of_the_permits,
+                ))
                 .get(routes::list_orders::<B>),
         )
         .route("/orders/{order_id}", get(routes::get_order::<B>))

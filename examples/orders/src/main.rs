@@ -8,6 +8,12 @@
 //! PAYMENT_LATENCY_MS    0       simulated payment provider latency, before the order is written
 //! IDEMPOTENCY_LEASE_MS  30000   a crashed attempt's key frees after this
 //! IDEMPOTENCY_TTL_SECS  86400   answers are replayed for this long
+//! BODY_TIMEOUT_MS       10000   408 for a POST /orders body slower than this
+//! MAX_IN_FLIGHT_ORDERS  64      POST /orders handled at once; more wait, bodies unread
+//! HEADER_READ_TIMEOUT_MS 10000  a request head (or the next one on an idle connection) must
+//!                               arrive within this, or the connection is closed
+//! MAX_CONNECTIONS       1024    connections served at once; more wait in the backlog
+//! SHUTDOWN_GRACE_MS     10000   after SIGTERM/SIGINT, running requests get this long
 //! RUST_LOG              info
 //! ```
 //!
@@ -63,14 +69,21 @@ async fn run() -> Result<(), String> {
     // Tests and scripts wait for this exact line on stdout.
     println!("listening on http://{addr}");
 
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| format!("server error: {e}"))?;
-
-    tracing::info!("shutting down");
-    sweeper.stop().await;
-    db.close().await;
+    match orders_api::serve(listener, app, settings.server, shutdown_signal()).await {
+        orders_api::Shutdown::Clean => {
+            tracing::info!("every request finished; closing the database");
+            sweeper.stop().await;
+            db.close().await;
+        }
+        orders_api::Shutdown::DeadlinePassed { requests } => {
+            // What still runs is abandoned: an attempt that did not commit is rolled back by
+            // the database, and its key frees when its lease lapses.
+            tracing::warn!(
+                requests,
+                "the shutdown grace period passed with requests still running; exiting anyway"
+            );
+        }
+    }
     Ok(())
 }
 

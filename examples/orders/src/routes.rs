@@ -103,6 +103,11 @@ impl NewOrder {
                 "`customerId` is {chars} characters long; the limit is {MAX_CUSTOMER_ID_CHARS}"
             )));
         }
+        if let Some(position) = control_character(&self.customer_id) {
+            return Err(Problem::invalid_order(format!(
+                "`customerId` contains a control character (such as NUL or a line break) at character {position}; send printable text, like \"c_1\""
+            )));
+        }
         if self.total_cents <= 0 {
             return Err(Problem::invalid_order(format!(
                 "`totalCents` is {}; it must be a whole number of cents, at least 1 (4000 is 40.00)",
@@ -111,6 +116,24 @@ impl NewOrder {
         }
         Ok(())
     }
+}
+
+/// The position (counted from 1, in characters) of the first control character (C0, DEL, C1:
+/// NUL, line breaks, escapes...), which neither database stores the same way and no customer
+/// id needs.
+fn control_character(text: &str) -> Option<usize> {
+    text.chars().position(char::is_control).map(|i| i + 1)
+}
+
+/// Hold one of the `POST /orders` permits while the request (body, handler, save) runs; a
+/// request waiting for one has not had its body read.
+pub(crate) async fn one_of_the_permits(
+    State(permits): State<std::sync::Arc<tokio::sync::Semaphore>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let _permit = permits.acquire().await;
+    next.run(req).await
 }
 
 /// `application/json`, or `application/<anything>+json`, with any parameters.
@@ -168,12 +191,16 @@ pub(crate) async fn create_order<B: Backend>(
         total_cents: input.total_cents,
         status: "pending".to_owned(),
     };
-    // A failed insert answers 503: the layer then rolls the transaction back and releases the
-    // key, so a retry with the same key runs afresh.
-    B::insert_order(&tx, &order)
-        .await
-        .map_err(|err| Problem::unavailable(&err))?;
-    tracing::info!(order_id = %order.order_id, customer_id = %order.customer_id, total_cents = order.total_cents, "order created");
+    // A failed insert is never saved: 503 (database unavailable) is a status the layer does
+    // not save, and the others are marked NotProcessed. The layer then rolls the transaction
+    // back and releases the key, so a retry with the same key runs afresh.
+    B::insert_order(&tx, &order).await.map_err(|err| {
+        let mut problem = Problem::database(&err, Problem::order_refused);
+        problem.not_processed = true;
+        problem
+    })?;
+    // `?`: the customer id is the client's text, logged escaped so it cannot forge a line.
+    tracing::info!(order_id = %order.order_id, customer_id = ?order.customer_id, total_cents = order.total_cents, "order created");
 
     let location = format!("/orders/{}", order.order_id);
     Ok((
@@ -203,7 +230,11 @@ pub(crate) async fn get_order<B: Backend>(
     };
     B::find_order(&state.pool, &id.to_string())
         .await
-        .map_err(|err| Problem::unavailable(&err))?
+        .map_err(|err| {
+            Problem::database(&err, || {
+                Problem::not_found("no order has this id; use the orderId from POST /orders")
+            })
+        })?
         .map(Json)
         .ok_or_else(not_found)
 }
@@ -239,9 +270,18 @@ pub(crate) async fn list_orders<B: Backend>(
                 "`customerId` is missing; list the orders of one customer with ?customerId=c_1",
             )
         })?;
+    if let Some(position) = control_character(&customer_id) {
+        return Err(Problem::invalid_query(format!(
+            "`customerId` contains a control character (such as NUL or a line break) at character {position}; no customer id has one"
+        )));
+    }
     let orders = B::orders_of(&state.pool, &customer_id)
         .await
-        .map_err(|err| Problem::unavailable(&err))?;
+        .map_err(|err| {
+            Problem::database(&err, || {
+                Problem::invalid_query("the database refused this `customerId`; use the id of a customer, like ?customerId=c_1")
+            })
+        })?;
     Ok(Json(OrderList { orders }))
 }
 
@@ -352,6 +392,20 @@ mod tests {
                 "{body}: {:?} lacks {needle:?}",
                 problem.detail
             );
+        }
+        for bad in [
+            "a\u{0}b",
+            "\u{0}",
+            "c_1\nFORGED log line",
+            "tab\there",
+            "\u{7f}",
+            "a\u{85}b",
+        ] {
+            let body = serde_json::json!({"customerId": bad, "totalCents": 1}).to_string();
+            let problem = parse(None, &body).unwrap_err();
+            assert_eq!(problem.status, StatusCode::BAD_REQUEST, "{bad:?}");
+            assert!(problem.not_processed, "{bad:?}");
+            assert!(problem.detail.contains("control character"), "{bad:?}");
         }
         let long = format!(
             r#"{{"customerId": "{}", "totalCents": 1}}"#,

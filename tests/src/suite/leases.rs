@@ -106,9 +106,13 @@ async fn retry_after_while_held(server: &TestServer, key: &str) -> u64 {
     retry_after
 }
 
-/// The 409's `Retry-After` is the time left on the default 30 s lease.
+/// The 409's `Retry-After` never goes beyond the time left on the default 30 s lease (here a
+/// fixed `Retry-After` of an hour is capped by it).
 pub async fn retry_after_reflects_default_lease(store: impl Store) {
-    let server = serve(Idempotency::new(store)).await;
+    let server = serve(Idempotency::new(store).with_retry_after(
+        tower_idempotency::RetryAfter::Fixed(Duration::from_secs(3600)),
+    ))
+    .await;
     let retry_after = retry_after_while_held(&server, "retry-default").await;
     assert!(
         (25..=30).contains(&retry_after),
@@ -116,9 +120,16 @@ pub async fn retry_after_reflects_default_lease(store: impl Store) {
     );
 }
 
-/// The 409's `Retry-After` follows a configured lease (5 s).
+/// The 409's `Retry-After` never goes beyond the time left on a configured lease (5 s).
 pub async fn retry_after_reflects_configured_lease(store: impl Store) {
-    let server = serve(Idempotency::new(store).with_lease(Duration::from_secs(5))).await;
+    let server = serve(
+        Idempotency::new(store)
+            .with_lease(Duration::from_secs(5))
+            .with_retry_after(tower_idempotency::RetryAfter::Fixed(Duration::from_secs(
+                3600,
+            ))),
+    )
+    .await;
     let retry_after = retry_after_while_held(&server, "retry-5s").await;
     assert!(
         (3..=5).contains(&retry_after),

@@ -8,11 +8,16 @@ use std::{
 
 use tokio::{sync::Notify, time::Instant};
 
-use super::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoredResponse};
+use super::{
+    Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
+};
 use crate::{fingerprint::Fingerprint, key::KeyHash};
 
 /// Number of independently locked shards; a power of two so the shard is a mask of the key hash.
 const SHARDS: usize = 16;
+/// How often, at most, a shard that takes a new record looks for expired ones to drop (more
+/// often when it is full).
+const LAZY_SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Idempotency records in this process's memory.
 ///
@@ -22,8 +27,20 @@ const SHARDS: usize = 16;
 /// processes: run several instances behind a load balancer and a retry that lands on another
 /// instance executes again. Use the PostgreSQL, SQLite or Redis store there.
 ///
-/// Expired records are treated as absent at once and freed by [`Store::sweep`]; run a
-/// [`Sweeper`](crate::Sweeper) so a long-running process does not keep them.
+/// # Memory bound
+///
+/// The store holds at most [`capacity`](Self::with_capacity) records (default
+/// [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY), 100,000), split evenly over 16 shards by key
+/// hash. Expired records are treated as absent at once and freed as new records arrive (a shard
+/// drops its expired records at most once a second, and whenever it is full), so no
+/// [`Sweeper`](crate::Sweeper) is needed; [`Store::sweep`] still works.
+///
+/// When a new key lands in a full shard with nothing expired, the claim fails with
+/// [`StoreErrorKind::Full`] and the layer answers 503 (`Retry-After`), without running the
+/// handler. Records are never evicted before they expire: an evicted answer would let a retry
+/// run the work twice, silently, while a refusal is visible and safe. Size the capacity for
+/// your peak rate of new keys times the retention ([`with_ttl`](crate::Idempotency::with_ttl)),
+/// or shorten the retention.
 ///
 /// ```
 /// use tower_idempotency::{store::MemoryStore, Idempotency};
@@ -33,9 +50,66 @@ const SHARDS: usize = 16;
 /// let layer = Idempotency::memory();
 /// # let _ = layer;
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct MemoryStore {
-    shards: Arc<[Mutex<HashMap<KeyHash, Record>>; SHARDS]>,
+    shards: Arc<[Mutex<Shard>; SHARDS]>,
+    per_shard: usize,
+}
+
+#[derive(Default)]
+struct Shard {
+    records: HashMap<KeyHash, Record>,
+    /// No record expires before this (a lower bound: removals leave it as it is).
+    earliest_expiry: Option<Instant>,
+    /// The shard does not look for expired records before this, unless it is full.
+    next_sweep: Option<Instant>,
+}
+
+impl Shard {
+    /// Drop the expired records if there may be some.
+    fn drop_expired(&mut self, now: Instant) -> usize {
+        if self.earliest_expiry.is_none_or(|earliest| earliest > now) {
+            return 0;
+        }
+        let before = self.records.len();
+        self.records.retain(|_, r| r.expires_at > now);
+        self.earliest_expiry = self.records.values().map(|r| r.expires_at).min();
+        self.next_sweep = Some(now + LAZY_SWEEP_EVERY);
+        before - self.records.len()
+    }
+
+    /// Make room for one more record, dropping expired ones when it is time or when full.
+    fn make_room(&mut self, now: Instant, per_shard: usize) -> Result<(), StoreError> {
+        let full = self.records.len() >= per_shard;
+        if full || self.next_sweep.is_none_or(|at| at <= now) {
+            self.drop_expired(now);
+        }
+        if self.records.len() >= per_shard {
+            return Err(StoreError::new(
+                StoreErrorKind::Full,
+                format!(
+                    "the memory store holds {} unexpired records in this key's shard, its share of the capacity; raise MemoryStore::with_capacity or shorten the retention",
+                    self.records.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn insert(&mut self, key: KeyHash, record: Record) {
+        let expires_at = record.expires_at;
+        self.earliest_expiry = Some(
+            self.earliest_expiry
+                .map_or(expires_at, |earliest| earliest.min(expires_at)),
+        );
+        self.records.insert(key, record);
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::with_capacity(Self::DEFAULT_CAPACITY)
+    }
 }
 
 struct Record {
@@ -55,14 +129,40 @@ enum State {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// The capacity of [`new`](Self::new) and [`Idempotency::memory`](crate::Idempotency::memory):
+    /// 100,000 records.
+    pub const DEFAULT_CAPACITY: usize = 100_000;
+
+    /// An empty store of the default capacity.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// How many records the store holds, expired ones included until swept.
+    /// An empty store that holds at most `capacity` records (see [the memory
+    /// bound](Self#memory-bound)). The capacity is split evenly over 16 shards, so it is
+    /// rounded down to a multiple of 16, and raised to 16 if lower.
+    ///
+    /// ```
+    /// use tower_idempotency::{store::MemoryStore, Idempotency};
+    ///
+    /// let layer = Idempotency::new(MemoryStore::with_capacity(1_000_000));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            shards: Arc::default(),
+            per_shard: (capacity / SHARDS).max(1),
+        }
+    }
+
+    /// The most records the store holds.
+    pub fn capacity(&self) -> usize {
+        self.per_shard * SHARDS
+    }
+
+    /// How many records the store holds, expired ones included until dropped.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(s).records.len()).sum()
     }
 
     /// `true` when the store holds no record.
@@ -70,7 +170,7 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard(&self, key: &KeyHash) -> MutexGuard<'_, HashMap<KeyHash, Record>> {
+    fn shard(&self, key: &KeyHash) -> MutexGuard<'_, Shard> {
         lock(&self.shards[key.0[0] as usize & (SHARDS - 1)])
     }
 
@@ -83,7 +183,7 @@ impl MemoryStore {
     ) -> Fenced {
         let now = Instant::now();
         let mut shard = self.shard(key);
-        let changed = match shard.get(key) {
+        let changed = match shard.records.get(key) {
             Some(r)
                 if r.token == token
                     && r.expires_at > now
@@ -93,7 +193,7 @@ impl MemoryStore {
             }
             _ => return Fenced::Lost,
         };
-        let applied = write(&mut shard);
+        let applied = write(&mut shard.records);
         drop(shard);
         changed.notify_waiters();
         Fenced::from_rows(applied as u64)
@@ -112,6 +212,7 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("records", &self.len())
+            .field("capacity", &self.capacity())
             .finish()
     }
 }
@@ -133,7 +234,14 @@ impl Store for MemoryStore {
             expires_at,
             changed: Arc::new(Notify::new()),
         };
-        let Some(record) = shard.get_mut(&claim.key).filter(|r| r.expires_at > now) else {
+        let Some(record) = shard
+            .records
+            .get_mut(&claim.key)
+            .filter(|r| r.expires_at > now)
+        else {
+            if !shard.records.contains_key(&claim.key) {
+                shard.make_room(now, self.per_shard)?;
+            }
             shard.insert(claim.key, fresh(now + claim.ttl));
             return Ok(ClaimOutcome::Claimed { taken_over: false });
         };
@@ -163,7 +271,7 @@ impl Store for MemoryStore {
     ) -> Result<Fenced, StoreError> {
         let now = Instant::now();
         let mut shard = self.shard(key);
-        Ok(match shard.get_mut(key) {
+        Ok(match shard.records.get_mut(key) {
             Some(Record {
                 token: held,
                 state: State::Running { lease_until },
@@ -204,13 +312,14 @@ impl Store for MemoryStore {
             }
             let mut shard = lock(shard);
             let expired: Vec<KeyHash> = shard
+                .records
                 .iter()
                 .filter(|(_, r)| r.expires_at <= now)
                 .map(|(k, _)| *k)
                 .take(left)
                 .collect();
             for key in &expired {
-                shard.remove(key);
+                shard.records.remove(key);
             }
             left -= expired.len();
         }
@@ -218,7 +327,7 @@ impl Store for MemoryStore {
     }
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
-        let changed = match self.shard(key).get(key) {
+        let changed = match self.shard(key).records.get(key) {
             Some(record) => record.changed.clone(),
             None => return,
         };
@@ -227,7 +336,7 @@ impl Store for MemoryStore {
         // Register before looking again, so a completion between the two steps is not missed.
         notified.as_mut().enable();
         let still_running = matches!(
-            self.shard(key).get(key),
+            self.shard(key).records.get(key),
             Some(Record { state: State::Running { .. }, changed: current, .. })
                 if Arc::ptr_eq(current, &changed)
         );
@@ -262,6 +371,71 @@ mod tests {
             HeaderMap::new(),
             Bytes::from_static(b"ok"),
         )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn distinct_keys_stay_within_the_capacity_as_they_expire() {
+        let store = MemoryStore::with_capacity(1_000);
+        assert_eq!(store.capacity(), 992, "rounded down to a multiple of 16");
+        let mut largest = 0;
+        for i in 0..100_000 {
+            // 10 ms retention, 1 ms apart: about 10 records live at any time.
+            let c = claim(&format!("k{i}"), b"", 5, 10);
+            assert!(
+                matches!(
+                    store.claim(&c).await,
+                    Ok(ClaimOutcome::Claimed { taken_over: false })
+                ),
+                "claim {i}"
+            );
+            if i % 3 == 0 {
+                store.complete(&c.key, c.token, &response()).await.unwrap();
+            }
+            largest = largest.max(store.len());
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        assert!(largest <= store.capacity(), "{largest} records held");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_store_refuses_new_keys_until_records_expire() {
+        let store = MemoryStore::with_capacity(160);
+        let mut refused = 0;
+        for i in 0..100_000 {
+            match store
+                .claim(&claim(&format!("k{i}"), b"", 1_000, 60_000))
+                .await
+            {
+                Ok(ClaimOutcome::Claimed { .. }) => {}
+                Err(err) => {
+                    assert_eq!(err.kind(), StoreErrorKind::Full);
+                    refused += 1;
+                }
+                Ok(other) => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(store.len(), 160);
+        assert_eq!(refused, 100_000 - 160);
+        // Existing keys still answer while full.
+        let first = claim("k0", b"", 1_000, 60_000);
+        assert!(matches!(
+            store.claim(&first).await,
+            Ok(ClaimOutcome::InFlight { .. })
+        ));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(
+            store
+                .claim(&claim("new", b"", 1_000, 60_000))
+                .await
+                .unwrap(),
+            ClaimOutcome::Claimed { taken_over: false },
+            "expired records make room"
+        );
+        assert_eq!(
+            store.len(),
+            15 * 10 + 1,
+            "the full shard dropped its expired records; the others keep theirs until they take a new one"
+        );
     }
 
     #[tokio::test]

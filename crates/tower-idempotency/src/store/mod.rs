@@ -423,8 +423,11 @@ pub trait TransactionalStore: Store {
 
 /// What went wrong in a store.
 ///
-/// The layer answers `503 Service Unavailable` for every store error (unless fail-open is
-/// enabled) and never shows the source's text to the client.
+/// Unless fail-open is enabled, the layer answers `503 Service Unavailable` with `Retry-After`
+/// for the kinds a retry can cure ([`Unavailable`](StoreErrorKind::Unavailable),
+/// [`Conflict`](StoreErrorKind::Conflict) after the layer's own retries, and
+/// [`Full`](StoreErrorKind::Full)), and `500 Internal Server Error` for the others, which need
+/// an operator. It never shows the source's text to the client; the log carries it.
 #[derive(Debug, thiserror::Error)]
 #[error("idempotency store {kind}")]
 pub struct StoreError {
@@ -439,8 +442,17 @@ pub struct StoreError {
 pub enum StoreErrorKind {
     /// The backend could not be reached or did not answer in time.
     Unavailable,
-    /// The backend answered with an error.
+    /// The backend answered with an error that a retry will not cure (a missing table, a
+    /// constraint, a bug).
     Backend,
+    /// The backend aborted the operation over a conflict with a concurrent one (a
+    /// serialization failure or a deadlock): nothing was written, and the same operation
+    /// retried is expected to succeed. The layer retries a claim a few times before answering
+    /// 503.
+    Conflict,
+    /// The store holds as many records as it may (see
+    /// [`MemoryStore::with_capacity`](crate::store::MemoryStore::with_capacity)).
+    Full,
     /// A saved record could not be decoded.
     Corrupt,
     /// Running the store's migrations failed.
@@ -452,6 +464,8 @@ impl fmt::Display for StoreErrorKind {
         f.write_str(match self {
             StoreErrorKind::Unavailable => "unavailable",
             StoreErrorKind::Backend => "backend error",
+            StoreErrorKind::Conflict => "conflict with a concurrent operation",
+            StoreErrorKind::Full => "full",
             StoreErrorKind::Corrupt => "record corrupt",
             StoreErrorKind::Migration => "migration failed",
         })
@@ -479,6 +493,54 @@ impl StoreError {
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
     }
+
+    /// `true` for the kinds a later retry can cure (the layer answers 503 with `Retry-After`):
+    /// [`Unavailable`](StoreErrorKind::Unavailable), [`Conflict`](StoreErrorKind::Conflict) and
+    /// [`Full`](StoreErrorKind::Full).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self.kind,
+            StoreErrorKind::Unavailable | StoreErrorKind::Conflict | StoreErrorKind::Full
+        )
+    }
+}
+
+/// The kind of a database error, from its SQLSTATE (PostgreSQL) or result code (SQLite).
+#[cfg(feature = "sqlx")]
+fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = err.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return match pg.code() {
+            // serialization_failure, deadlock_detected
+            "40001" | "40P01" => StoreErrorKind::Conflict,
+            // connection exceptions (class 08), insufficient resources (class 53), operator
+            // intervention (class 57: query_canceled by statement_timeout, admin_shutdown,
+            // cannot_connect_now...), lock_not_available (lock_timeout)
+            c if c.starts_with("08") || c.starts_with("53") || c.starts_with("57") => {
+                StoreErrorKind::Unavailable
+            }
+            "55P03" => StoreErrorKind::Unavailable,
+            _ => StoreErrorKind::Backend,
+        };
+    }
+    #[cfg(feature = "sqlite")]
+    if err
+        .try_downcast_ref::<sqlx::sqlite::SqliteError>()
+        .is_some()
+    {
+        // SQLite reports its (extended) result code as a number; the primary code is the low
+        // byte.
+        let code = err.code().and_then(|c| c.parse::<u32>().ok()).unwrap_or(0);
+        return match code & 0xff {
+            // BUSY, LOCKED: another connection holds the lock past the busy timeout.
+            5 | 6 => StoreErrorKind::Conflict,
+            // NOMEM, IOERR, FULL (disk), CANTOPEN, PROTOCOL
+            7 | 10 | 13 | 14 | 15 => StoreErrorKind::Unavailable,
+            _ => StoreErrorKind::Backend,
+        };
+    }
+    let _ = err;
+    StoreErrorKind::Backend
 }
 
 #[cfg(feature = "sqlx")]
@@ -490,7 +552,10 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::Tls(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed => StoreErrorKind::Unavailable,
+            | sqlx::Error::WorkerCrashed
+            // A protocol error leaves the connection unusable; a new one is expected to work.
+            | sqlx::Error::Protocol(_) => StoreErrorKind::Unavailable,
+            sqlx::Error::Database(db) => database_error_kind(db.as_ref()),
             sqlx::Error::Decode(_) | sqlx::Error::ColumnDecode { .. } => StoreErrorKind::Corrupt,
             sqlx::Error::Migrate(_) => StoreErrorKind::Migration,
             _ => StoreErrorKind::Backend,
@@ -502,7 +567,14 @@ impl From<sqlx::Error> for StoreError {
 #[cfg(feature = "redis")]
 impl From<::redis::RedisError> for StoreError {
     fn from(err: ::redis::RedisError) -> Self {
-        let kind = if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
+        // What redis itself would retry (a dropped connection, LOADING, TRYAGAIN, CLUSTERDOWN, a
+        // failover in progress) is unavailability; the rest is an error in the command.
+        let kind = if err.is_io_error()
+            || err.is_timeout()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+            || !matches!(err.retry_method(), ::redis::RetryMethod::NoRetry)
+        {
             StoreErrorKind::Unavailable
         } else {
             StoreErrorKind::Backend
