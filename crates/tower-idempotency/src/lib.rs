@@ -69,6 +69,7 @@ mod service;
 pub mod single_commit;
 pub mod store;
 pub mod sweeper;
+mod timeout;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub mod transaction;
@@ -79,7 +80,7 @@ pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyHash, Scope};
 pub use layer::{
     Idempotency, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_NAME, DEFAULT_LEASE,
-    DEFAULT_METHODS, DEFAULT_TTL, WAIT_POLL_INTERVAL,
+    DEFAULT_METHODS, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
 };
 pub use mode::{Mode, Standard};
 pub use not_processed::NotProcessed;

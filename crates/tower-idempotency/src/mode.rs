@@ -9,6 +9,7 @@ use http::Extensions;
 use crate::{
     key::KeyHash,
     store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoredResponse},
+    timeout::bounded,
 };
 
 mod sealed {
@@ -58,7 +59,8 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
         claimed: Option<Self::Attempt>,
     ) -> Self::Attempt;
 
-    /// Save the handler's response for `key` if the record still carries `token`.
+    /// Save the handler's response for `key` if the record still carries `token`; each store
+    /// call is bounded by `limit` (the store timeout).
     #[doc(hidden)]
     fn finish(
         store: &St,
@@ -66,11 +68,12 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
-    /// Undo the attempt's uncommitted work (the response is not saved).
+    /// Undo the attempt's uncommitted work (the response is not saved), within `limit`.
     #[doc(hidden)]
-    fn abandon(attempt: Self::Attempt) -> impl Future<Output = ()> + Send;
+    fn abandon(attempt: Self::Attempt, limit: Duration) -> impl Future<Output = ()> + Send;
 }
 
 /// The default mode: the response is saved with one store write after the handler answers.
@@ -99,10 +102,12 @@ impl<St: Store> Mode<St> for Standard {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> Result<Fenced, StoreError> {
         let mut attempt = 1;
         loop {
-            match store.complete(key, token, response).await {
+            let saved = bounded("the save", limit, store.complete(key, token, response));
+            match saved.await {
                 Err(err) if attempt < COMPLETE_ATTEMPTS => {
                     tracing::warn!(target: "tower_idempotency", key = %key, error = %crate::observe::Chain(&err), attempt, "saving the response failed; retrying");
                     tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
@@ -113,5 +118,5 @@ impl<St: Store> Mode<St> for Standard {
         }
     }
 
-    async fn abandon((): ()) {}
+    async fn abandon((): (), _: Duration) {}
 }

@@ -34,6 +34,7 @@ use crate::{
         Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind,
         StoredResponse,
     },
+    timeout::bounded,
     BoxError, RequestBody,
 };
 
@@ -426,13 +427,12 @@ async fn claim<St: Store, M: Mode<St>>(
     let mut waited = false;
     let mut conflicts = 0;
     loop {
-        let (outcome, claimed) = match observe::timed(
-            layer.store.name(),
-            "claim",
+        let attempt = bounded(
+            "the claim",
+            config.store_timeout,
             M::claim(&layer.store, &claim),
-        )
-        .await
-        {
+        );
+        let (outcome, claimed) = match observe::timed(layer.store.name(), "claim", attempt).await {
             // Nothing was written: the same claim again is expected to go through.
             Err(err)
                 if err.kind() == StoreErrorKind::Conflict && conflicts + 1 < CLAIM_ATTEMPTS =>
@@ -442,7 +442,11 @@ async fn claim<St: Store, M: Mode<St>>(
                 tokio::time::sleep(Duration::from_millis(5 << conflicts)).await;
                 continue;
             }
-            result => result?,
+            Ok(outcome) => outcome,
+            Err(err) => {
+                release_in_background(layer, key, token);
+                return Err(err);
+            }
         };
         let now = Instant::now();
         match (outcome, deadline) {
@@ -462,6 +466,37 @@ async fn claim<St: Store, M: Mode<St>>(
             }
         }
     }
+}
+
+/// After a failed claim (a timeout, a cut connection), the claim may still have landed: release it,
+/// fenced by our token so nothing else is touched, so that a retry need not wait for the lease to
+/// lapse. In the background, because the client's 503 should not wait for a store in trouble.
+fn release_in_background<St: Store, M>(
+    layer: &Idempotency<St, M>,
+    key: KeyHash,
+    token: FencingToken,
+) {
+    let store = layer.store.clone();
+    let limit = layer.config.store_timeout;
+    tokio::spawn(
+        async move {
+            match bounded("the release", limit, store.release(&key, token)).await {
+                Ok(Fenced::Applied) => observe::record(
+                    Outcome::Released,
+                    &"the failed claim had landed after all: key released",
+                ),
+                Ok(Fenced::Lost) => {}
+                Err(err) => observe::record(
+                    Outcome::StoreError,
+                    &format_args!(
+                        "releasing after a failed claim failed: {}; if the claim landed, the key frees when the lease lapses",
+                        observe::Chain(&err)
+                    ),
+                ),
+            }
+        }
+        .in_current_span(),
+    );
 }
 
 /// Polls an attempt in place, and if dropped before it completes (the client went away), spawns
@@ -588,17 +623,17 @@ impl<St: Store> Attempt<St> {
 
         let (parts, (body, trailers)) = match result {
             Err(panic) => {
-                M::abandon(attempt).await;
+                M::abandon(attempt, self.config.store_timeout).await;
                 self.release("the handler panicked").await;
                 std::panic::resume_unwind(panic);
             }
             Ok(Err(err)) => {
-                M::abandon(attempt).await;
+                M::abandon(attempt, self.config.store_timeout).await;
                 self.release("the inner service returned an error").await;
                 return Err(err);
             }
             Ok(Ok((parts, Err(err)))) => {
-                M::abandon(attempt).await;
+                M::abandon(attempt, self.config.store_timeout).await;
                 self.release("the response body failed").await;
                 return Ok(Response::from_parts(parts, ResponseBody::failed(err)));
             }
@@ -608,7 +643,7 @@ impl<St: Store> Attempt<St> {
         drop(running);
 
         if parts.extensions.get::<NotProcessed>().is_some() {
-            M::abandon(attempt).await;
+            M::abandon(attempt, self.config.store_timeout).await;
             self.release("the handler marked its answer NotProcessed")
                 .await;
             return Ok(Response::from_parts(
@@ -622,7 +657,7 @@ impl<St: Store> Attempt<St> {
             .save
             .should_save_response(parts.status, &parts.headers, &trailers)
         {
-            M::abandon(attempt).await;
+            M::abandon(attempt, self.config.store_timeout).await;
             self.release(&format!(
                 "the answer (status {}{}) is not saved",
                 parts.status.as_u16(),
@@ -641,7 +676,8 @@ impl<St: Store> Attempt<St> {
             body.clone(),
         )
         .with_trailers(trailers.clone());
-        let finish = M::finish(&self.store, attempt, &self.key, self.token, &saved);
+        let limit = self.config.store_timeout;
+        let finish = M::finish(&self.store, attempt, &self.key, self.token, &saved, limit);
         match observe::timed(self.store.name(), "complete", finish).await {
             Ok(Fenced::Applied) => self.record.finish(Outcome::Saved, &"answer saved"),
             Ok(Fenced::Lost) if M::TRANSACTIONAL => {
@@ -679,6 +715,7 @@ impl<St: Store> Attempt<St> {
         loop {
             ticks.tick().await;
             let renew = self.store.renew(&self.key, self.token, self.config.lease);
+            let renew = bounded("the renewal", self.config.store_timeout, renew);
             match observe::timed(self.store.name(), "renew", renew).await {
                 Ok(Fenced::Applied) => observe::renewed(),
                 Ok(Fenced::Lost) => {
@@ -709,6 +746,7 @@ impl<St: Store> Attempt<St> {
             return;
         }
         let release = self.store.release(&self.key, self.token);
+        let release = bounded("the release", self.config.store_timeout, release);
         match observe::timed(self.store.name(), "release", release).await {
             Ok(Fenced::Applied) => self
                 .record

@@ -140,11 +140,13 @@ impl Mode<PostgresStore> for SingleCommit {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> Result<Fenced, StoreError> {
-        <Transactional as Mode<PostgresStore>>::finish(store, attempt, key, token, response).await
+        <Transactional as Mode<PostgresStore>>::finish(store, attempt, key, token, response, limit)
+            .await
     }
 
-    async fn abandon(attempt: Self::Attempt) {
-        <Transactional as Mode<PostgresStore>>::abandon(attempt).await;
+    async fn abandon(attempt: Self::Attempt, limit: Duration) {
+        <Transactional as Mode<PostgresStore>>::abandon(attempt, limit).await;
     }
 }

@@ -42,7 +42,7 @@
 //! `single_commit`). On SQLite the transaction begins with `BEGIN IMMEDIATE` and waits its turn
 //! behind the store's other writes in this process (see the SQLite store's docs).
 
-use std::{fmt, sync::Arc};
+use std::{fmt, sync::Arc, time::Duration};
 
 use http::Extensions;
 use tokio::sync::{Mutex, OwnedMutexGuard};
@@ -52,6 +52,7 @@ use crate::{
     layer::Idempotency,
     mode::{Mode, Sealed},
     store::{Fenced, FencingToken, StoreError, StoredResponse, TransactionalStore},
+    timeout::bounded,
 };
 
 /// The mode of a layer built with [`Idempotency::transactional`].
@@ -220,27 +221,36 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> Result<Fenced, StoreError> {
         let Some((mut tx, _writer)) = attempt.take().await else {
             // The handler did no database work: save the response on its own.
-            return store.complete(key, token, response).await;
+            return bounded("the save", limit, store.complete(key, token, response)).await;
         };
-        match store.complete_in(&mut tx, key, token, response).await? {
+        // A timeout drops the transaction, which rolls it back unless the COMMIT already landed:
+        // either way the work and the saved answer stay together.
+        let saved = bounded(
+            "the save in the transaction",
+            limit,
+            store.complete_in(&mut tx, key, token, response),
+        );
+        match saved.await? {
             Fenced::Applied => {
-                tx.commit().await?;
+                bounded("the commit", limit, async { Ok(tx.commit().await?) }).await?;
                 Ok(Fenced::Applied)
             }
             Fenced::Lost => {
-                tx.rollback().await?;
+                bounded("the rollback", limit, async { Ok(tx.rollback().await?) }).await?;
                 Ok(Fenced::Lost)
             }
         }
     }
 
-    async fn abandon(attempt: Self::Attempt) {
+    async fn abandon(attempt: Self::Attempt, limit: Duration) {
         if let Some((tx, _writer)) = attempt.take().await {
-            if let Err(err) = tx.rollback().await {
-                tracing::warn!(target: "tower_idempotency", error = %err, "rolling back the idempotency transaction failed; the connection is discarded");
+            let rollback = bounded("the rollback", limit, async { Ok(tx.rollback().await?) });
+            if let Err(err) = rollback.await {
+                tracing::warn!(target: "tower_idempotency", error = %crate::observe::Chain(&err), "rolling back the idempotency transaction failed; the connection is discarded");
             }
         }
     }
