@@ -174,9 +174,13 @@ async fn wait_for_change_wakes_on_complete_and_release<B: Backend>() {
 
 async fn wait_for_change_is_bounded_by_its_timeout<B: Backend>() {
     let store = B::fresh(2).await;
+    // A running record that nobody completes: the wait lasts its timeout, no more. (A key with
+    // no running record may return at once: there is nothing to wait for.)
+    let claim = claim_of(random_key(), "a", LONG, DAY);
+    store.claim(&claim).await.unwrap();
     let started = Instant::now();
     store
-        .wait_for_change(&random_key(), Duration::from_millis(300))
+        .wait_for_change(&claim.key, Duration::from_millis(300))
         .await;
     let waited = started.elapsed();
     assert!(waited >= Duration::from_millis(300), "{waited:?}");

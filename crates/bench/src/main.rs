@@ -15,16 +15,21 @@
 //! - `hot key`: every worker sends the same key (a new one each round): one execution, then
 //!   replays, and 409 while the execution runs.
 //!
-//! Stores: `memory` and `redis` guard an in-memory handler (a push into a `Mutex<Vec>`);
-//! `postgres` guards a handler that INSERTs a row through the same pool, in transactional mode
-//! (the INSERT in the idempotency transaction) and in standard mode (the INSERT on the pool, as
-//! in the bare handler); `sqlite` does the same on a fresh SQLite file (WAL) in the temp dir,
-//! removed afterwards. `DATABASE_URL` and `REDIS_URL` are read from the environment; the
-//! PostgreSQL runs use their own database, `tower_idempotency_bench`, created if missing.
+//! Stores: `memory` and `redis` guard an in-memory handler (a push into a `Mutex<Vec>`); the
+//! `redis` group also has a second bare row, the same handler plus one Redis `SET` (the fair
+//! bare for a layer that adds Redis round trips). `postgres` guards a handler that INSERTs a row
+//! through the same pool, in transactional mode (the INSERT in the idempotency transaction),
+//! standard mode (the INSERT on the pool, as in the bare handler) and single-commit mode (claim,
+//! INSERT and saved answer in one transaction); after the timed runs it counts the round trips
+//! and statements per request of each PostgreSQL scenario through a counting proxy (`wire.rs`).
+//! `sqlite` does the same as transactional and standard on a fresh SQLite file (WAL) in the
+//! temp dir, removed afterwards. `DATABASE_URL` and `REDIS_URL` are read from the environment;
+//! the PostgreSQL runs use their own database, `tower_idempotency_bench`, created if missing.
 //!
 //! Options (the first three also as env: `BENCH_STORE`, `BENCH_SECONDS`, `BENCH_CONCURRENCY`):
 //! `--store` (default `all`), `--seconds` per scenario (default 5), `--concurrency` (default 32),
-//! `--keys` for the replay scenario (default 1000), `--rounds` (default 5).
+//! `--keys` for the replay scenario (default 1000), `--rounds` (default 5), `--preload N`
+//! records written into the PostgreSQL table before the runs (default 0).
 
 use std::{
     error::Error,
@@ -55,6 +60,9 @@ use tower_idempotency::{
     Idempotency, IdempotencyTransaction,
 };
 
+mod chart;
+mod wire;
+
 type BoxError = Box<dyn Error + Send + Sync>;
 
 /// Records are kept this long, so a bench run leaves nothing behind for a day in Redis.
@@ -79,12 +87,18 @@ enum StoreKind {
 struct Args {
     stores: Vec<StoreKind>,
     duration: Duration,
-    concurrency: usize,
+    /// Concurrent workers; every store runs once per value.
+    concurrency: Vec<usize>,
     keys: usize,
     rounds: u32,
+    /// Records written into the PostgreSQL table before the runs (an index that is not
+    /// cache-hot).
+    preload: u64,
+    /// Where to write the SVG chart of requests/s against workers.
+    chart: Option<std::path::PathBuf>,
 }
 
-const USAGE: &str = "usage: tower-idempotency-bench [--store postgres|sqlite|memory|redis|all] [--seconds N] [--concurrency N] [--keys N] [--rounds N]";
+const USAGE: &str = "usage: tower-idempotency-bench [--store postgres|sqlite|memory|redis|all] [--seconds N] [--concurrency N[,N..]] [--keys N] [--rounds N] [--preload N] [--chart FILE.svg]";
 
 impl Args {
     fn parse() -> Result<Self, String> {
@@ -93,6 +107,8 @@ impl Args {
         let mut concurrency = std::env::var("BENCH_CONCURRENCY").unwrap_or_else(|_| "32".into());
         let mut keys = "1000".to_owned();
         let mut rounds = "5".to_owned();
+        let mut preload = "0".to_owned();
+        let mut chart = String::new();
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
             let (name, inline) = match arg.split_once('=') {
@@ -105,6 +121,8 @@ impl Args {
                 "--concurrency" => &mut concurrency,
                 "--keys" => &mut keys,
                 "--rounds" => &mut rounds,
+                "--preload" => &mut preload,
+                "--chart" => &mut chart,
                 "-h" | "--help" => return Err(USAGE.to_owned()),
                 other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
             };
@@ -133,11 +151,15 @@ impl Args {
             .ok()
             .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 600.0)
             .ok_or_else(|| format!("--seconds must be a number in (0, 600], got {seconds:?}"))?;
-        let concurrency: usize = concurrency
-            .parse()
-            .ok()
-            .filter(|c| (1..=1024).contains(c))
-            .ok_or_else(|| format!("--concurrency must be 1 to 1024, got {concurrency:?}"))?;
+        let concurrency: Vec<usize> = concurrency
+            .split(',')
+            .map(|c| c.trim().parse().ok().filter(|c| (1..=1024).contains(c)))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                format!(
+                    "--concurrency must be 1 to 1024 (or a list: 8,32,128), got {concurrency:?}"
+                )
+            })?;
         let keys: usize = keys
             .parse()
             .ok()
@@ -148,12 +170,19 @@ impl Args {
             .ok()
             .filter(|r| (1..=100).contains(r))
             .ok_or_else(|| format!("--rounds must be 1 to 100, got {rounds:?}"))?;
+        let preload: u64 = preload
+            .parse()
+            .ok()
+            .filter(|p| *p <= 10_000_000)
+            .ok_or_else(|| format!("--preload must be 0 to 10000000, got {preload:?}"))?;
         Ok(Self {
             stores,
             duration: Duration::from_secs_f64(seconds),
             concurrency,
             keys,
             rounds,
+            preload,
+            chart: (!chart.is_empty()).then(|| chart.into()),
         })
     }
 }
@@ -199,6 +228,38 @@ async fn memory_create(State(orders): State<Orders>, body: Bytes) -> Response {
         response
     };
     response
+}
+
+/// The in-memory handler plus one Redis write (`SET` of the order under a new key, expiring
+/// like the records): the fair bare for the Redis store, whose layer adds Redis round trips.
+async fn redis_create(
+    State((orders, redis, prefix)): State<(Orders, redis::aio::ConnectionManager, Arc<str>)>,
+    body: Bytes,
+) -> Response {
+    let order = match parse(&body) {
+        Ok(o) => o,
+        Err(status) => return status.into_response(),
+    };
+    let id = {
+        let mut orders = orders.lock().unwrap_or_else(|p| p.into_inner());
+        orders.push(NewOrder {
+            customer_id: order.customer_id.clone(),
+            total_cents: order.total_cents,
+        });
+        i64::try_from(orders.len()).unwrap_or(i64::MAX)
+    };
+    let mut redis = redis;
+    let written: Result<(), redis::RedisError> = redis::cmd("SET")
+        .arg(format!("{prefix}:order:{id}"))
+        .arg(&body[..])
+        .arg("EX")
+        .arg(RECORD_TTL.as_secs())
+        .query_async(&mut redis)
+        .await;
+    match written {
+        Ok(()) => created(id, &order),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
 }
 
 /// The database handlers: parse, INSERT, answer 201. `$on_pool` runs the INSERT on the pool
@@ -519,6 +580,7 @@ impl Plan {
 }
 
 struct Row {
+    workers: usize,
     store: &'static str,
     scenario: &'static str,
     measured: Measured,
@@ -527,8 +589,12 @@ struct Row {
 
 struct Bench {
     args: Args,
+    /// The concurrency of the current pass.
+    workers: usize,
     client: reqwest::Client,
     rows: Vec<Row>,
+    /// Round trips and statements per request, per PostgreSQL scenario.
+    counted: Vec<(String, f64, f64)>,
 }
 
 impl Bench {
@@ -542,28 +608,14 @@ impl Bench {
         let slice = self.args.duration / rounds;
         let warmup = (self.args.duration / 5).min(Duration::from_secs(1));
         for s in &scenarios {
-            drive(
-                &self.client,
-                &s.url,
-                &s.keys.keys(),
-                self.args.concurrency,
-                warmup,
-            )
-            .await;
+            drive(&self.client, &s.url, &s.keys.keys(), self.workers, warmup).await;
         }
         let mut totals: Vec<Measured> = scenarios.iter().map(|_| Measured::empty()).collect();
         for round in 0..rounds as usize {
             for i in 0..scenarios.len() {
                 let i = (i + round) % scenarios.len();
                 let s = &scenarios[i];
-                let m = drive(
-                    &self.client,
-                    &s.url,
-                    &s.keys.keys(),
-                    self.args.concurrency,
-                    slice,
-                )
-                .await;
+                let m = drive(&self.client, &s.url, &s.keys.keys(), self.workers, slice).await;
                 totals[i].merge(m);
             }
         }
@@ -579,6 +631,7 @@ impl Bench {
                 measured.mix()
             );
             self.rows.push(Row {
+                workers: self.workers,
                 store: s.store,
                 scenario: s.name,
                 measured,
@@ -594,8 +647,7 @@ impl Bench {
         bare: Option<&str>,
         layered: &str,
     ) -> Result<Vec<Scenario>, BoxError> {
-        let keys =
-            create_keys(&self.client, layered, self.args.keys, self.args.concurrency).await?;
+        let keys = create_keys(&self.client, layered, self.args.keys, self.workers).await?;
         let mut out = Vec::new();
         if let Some(bare) = bare {
             out.push(Scenario {
@@ -637,44 +689,49 @@ impl Bench {
         })?;
         let client = redis::Client::open(url.as_str())?;
         let prefix = format!("bench-{}", uuid::Uuid::new_v4().simple());
-        let store = RedisStore::connect(client).await?.with_prefix(prefix);
+        let manager = redis::aio::ConnectionManager::new(client.clone()).await?;
+        let store = RedisStore::connect(client)
+            .await?
+            .with_prefix(prefix.clone());
         let app = || Router::new().route("/orders", post(memory_create));
         let orders = Orders::default();
         let bare = serve(app().with_state(orders.clone())).await?;
+        let bare_write = serve(
+            Router::new()
+                .route("/orders", post(redis_create))
+                .with_state((orders.clone(), manager, Arc::from(prefix.as_str()))),
+        )
+        .await?;
         let layer = Idempotency::new(store).with_ttl(RECORD_TTL);
         let layered = serve(app().route_layer(layer).with_state(orders)).await?;
-        let scenarios = self.scenarios("redis", Some(&bare), &layered).await?;
+        let mut scenarios = self.scenarios("redis", Some(&bare), &layered).await?;
+        scenarios.insert(
+            1,
+            Scenario {
+                store: "redis",
+                name: "bare + 1 Redis write",
+                url: bare_write,
+                keys: Plan::Unique,
+            },
+        );
         self.group(scenarios).await;
         Ok(())
     }
 
     async fn postgres(&mut self) -> Result<(), BoxError> {
-        let pool = bench_database(self.args.concurrency).await?;
+        let max_workers = self.args.concurrency.iter().copied().max().unwrap_or(32);
+        let pool = bench_database(max_workers).await?;
         pool.execute("TRUNCATE bench_orders, idempotency_records")
             .await?;
-        let bare = serve(
-            Router::new()
-                .route("/orders", post(pg_create))
-                .with_state(pool.clone()),
-        )
-        .await?;
-        let transactional = serve(
-            Router::new()
-                .route("/orders", post(pg_create_tx))
-                .route_layer(
-                    Idempotency::postgres(pool.clone())
-                        .with_ttl(RECORD_TTL)
-                        .transactional(),
-                ),
-        )
-        .await?;
-        let standard = serve(
-            Router::new()
-                .route("/orders", post(pg_create))
-                .route_layer(Idempotency::postgres(pool.clone()).with_ttl(RECORD_TTL))
-                .with_state(pool.clone()),
-        )
-        .await?;
+        if self.args.preload > 0 {
+            preload(&pool, self.args.preload).await?;
+        }
+        let PostgresServers {
+            bare,
+            transactional,
+            standard,
+            single_commit,
+        } = postgres_servers(&pool).await?;
         let mut scenarios = self
             .scenarios("postgres (transactional)", Some(&bare), &transactional)
             .await?;
@@ -682,10 +739,87 @@ impl Bench {
             self.scenarios("postgres (standard)", None, &standard)
                 .await?,
         );
+        scenarios.extend(
+            self.scenarios("postgres (single commit)", None, &single_commit)
+                .await?,
+        );
         self.group(scenarios).await;
+        if self.workers == self.args.concurrency[0] {
+            self.count_postgres(&pool).await?;
+        }
         pool.execute("TRUNCATE bench_orders, idempotency_records")
             .await?;
         pool.close().await;
+        Ok(())
+    }
+
+    /// Round trips and statements per request of each PostgreSQL scenario, counted by a proxy
+    /// between a pool of its own and the server ([`wire`]), outside the timed runs.
+    async fn count_postgres(&mut self, pool: &PgPool) -> Result<(), BoxError> {
+        use sqlx::postgres::PgSslMode;
+        const REQUESTS: usize = 200;
+        let opts = pool.connect_options().as_ref().clone();
+        let upstream = tokio::net::lookup_host((opts.get_host(), opts.get_port()))
+            .await?
+            .next()
+            .ok_or("cannot resolve the PostgreSQL host")?;
+        let (proxy, counts) = wire::start(upstream).await?;
+        let counted_pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(
+                opts.host("127.0.0.1")
+                    .port(proxy.port())
+                    .ssl_mode(PgSslMode::Disable),
+            )
+            .await?;
+        let servers = postgres_servers(&counted_pool).await?;
+        let mut scenarios = vec![("postgres bare".to_owned(), servers.bare.clone(), false)];
+        for (mode, url) in [
+            ("transactional", &servers.transactional),
+            ("standard", &servers.standard),
+            ("single commit", &servers.single_commit),
+        ] {
+            scenarios.push((
+                format!("postgres ({mode}) first-time keys"),
+                url.clone(),
+                false,
+            ));
+            scenarios.push((format!("postgres ({mode}) replays"), url.clone(), true));
+        }
+        for (name, url, replay) in scenarios {
+            // Warm up: every connection prepares its statements.
+            let keys = create_keys(&self.client, &url, 40, 4).await?;
+            let before = counts.snapshot();
+            for i in 0..REQUESTS {
+                let key = if replay {
+                    keys[i % keys.len()].clone()
+                } else {
+                    uuid::Uuid::new_v4().to_string()
+                };
+                let response = self
+                    .client
+                    .post(&url)
+                    .header("Idempotency-Key", key)
+                    .header("Content-Type", "application/json")
+                    .body(BODY)
+                    .send()
+                    .await?;
+                if response.status() != StatusCode::CREATED {
+                    return Err(format!("{name}: answered {}", response.status()).into());
+                }
+                response.bytes().await?;
+            }
+            let used = counts.snapshot().since(&before);
+            let per = |n: u64| n as f64 / REQUESTS as f64;
+            eprintln!(
+                "  {name:<44} {:.2} round trips, {:.2} statements per request",
+                per(used.round_trips()),
+                per(used.statements())
+            );
+            self.counted
+                .push((name, per(used.round_trips()), per(used.statements())));
+        }
+        counted_pool.close().await;
         Ok(())
     }
 
@@ -726,13 +860,45 @@ impl Bench {
         Ok(())
     }
 
+    /// Requests/s against workers: the bare rows and the first-time rows of every store and mode.
+    fn chart(&self) -> String {
+        let mut series: Vec<chart::Series> = Vec::new();
+        for row in &self.rows {
+            let bare = row.scenario.starts_with("bare");
+            if !bare && row.scenario != "first-time keys" {
+                continue;
+            }
+            let label = if bare {
+                format!("{} {}", row.store, row.scenario)
+            } else {
+                format!("{} first-time", row.store)
+            };
+            let point = (row.workers, row.measured.per_second());
+            match series.iter_mut().find(|s| s.label == label) {
+                Some(s) => s.points.push(point),
+                None => series.push(chart::Series {
+                    label,
+                    bare,
+                    points: vec![point],
+                }),
+            }
+        }
+        for s in &mut series {
+            s.points.sort_by_key(|p| p.0);
+        }
+        chart::svg(
+            "requests/s against concurrent workers (dashed: without the layer)",
+            &series,
+        )
+    }
+
     fn table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "| store | scenario | requests/s | p50 | p99 | vs bare (req/s) | answers |"
+            "| workers | store | scenario | requests/s | p50 | p99 | vs bare (req/s) | answers |"
         );
-        let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---|");
+        let _ = writeln!(out, "|---:|---|---|---:|---:|---:|---:|---|");
         for row in &self.rows {
             let m = &row.measured;
             let ratio = if row.bare_per_second > 0.0 {
@@ -742,7 +908,8 @@ impl Bench {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {:.0} | {} | {} | {} | {} |",
+                row.workers,
                 row.store,
                 row.scenario,
                 m.per_second(),
@@ -758,6 +925,83 @@ impl Bench {
 
 fn ms(micros: u64) -> String {
     format!("{:.2} ms", micros as f64 / 1000.0)
+}
+
+/// The PostgreSQL servers of one pool: bare, and with the layer in each mode.
+struct PostgresServers {
+    bare: String,
+    transactional: String,
+    standard: String,
+    single_commit: String,
+}
+
+/// Write `n` done records (keys nobody requests) in batches, then analyse the table, so the
+/// runs meet a large index that is not cache-hot.
+async fn preload(pool: &PgPool, n: u64) -> Result<(), BoxError> {
+    const BATCH: u64 = 100_000;
+    eprintln!("  preloading {n} records");
+    let mut done = 0;
+    while done < n {
+        let upto = (done + BATCH).min(n);
+        sqlx::query(
+            "INSERT INTO idempotency_records
+                 (key, fingerprint, token, state, status, headers, body,
+                  created_at, lease_until, expires_at)
+             SELECT sha256(int8send(k) || 'preload'::bytea), sha256('fp'::bytea),
+                    md5(k::text)::uuid, 'done', 201, ''::bytea, '{}'::bytea,
+                    now(), now(), now() + interval '1 day'
+             FROM generate_series($1::bigint, $2::bigint) AS k",
+        )
+        .bind(i64::try_from(done + 1)?)
+        .bind(i64::try_from(upto)?)
+        .execute(pool)
+        .await?;
+        done = upto;
+    }
+    pool.execute("VACUUM ANALYZE idempotency_records").await?;
+    Ok(())
+}
+
+async fn postgres_servers(pool: &PgPool) -> Result<PostgresServers, BoxError> {
+    let bare = serve(
+        Router::new()
+            .route("/orders", post(pg_create))
+            .with_state(pool.clone()),
+    )
+    .await?;
+    let transactional = serve(
+        Router::new()
+            .route("/orders", post(pg_create_tx))
+            .route_layer(
+                Idempotency::postgres(pool.clone())
+                    .with_ttl(RECORD_TTL)
+                    .transactional(),
+            ),
+    )
+    .await?;
+    let standard = serve(
+        Router::new()
+            .route("/orders", post(pg_create))
+            .route_layer(Idempotency::postgres(pool.clone()).with_ttl(RECORD_TTL))
+            .with_state(pool.clone()),
+    )
+    .await?;
+    let single_commit = serve(
+        Router::new()
+            .route("/orders", post(pg_create_tx))
+            .route_layer(
+                Idempotency::postgres(pool.clone())
+                    .with_ttl(RECORD_TTL)
+                    .transactional_single_commit(),
+            ),
+    )
+    .await?;
+    Ok(PostgresServers {
+        bare,
+        transactional,
+        standard,
+        single_commit,
+    })
 }
 
 /// A pool on a fresh SQLite file in the temp dir (WAL, `synchronous = NORMAL`, the usual
@@ -837,7 +1081,7 @@ async fn main() -> ExitCode {
         }
     };
     let client = match reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency * 2)
+        .pool_max_idle_per_host(args.concurrency.iter().copied().max().unwrap_or(32) * 2)
         .timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
         .build()
@@ -849,35 +1093,58 @@ async fn main() -> ExitCode {
         }
     };
     eprintln!(
-        "tower-idempotency bench: {:?} per scenario in {} rounds, {} concurrent workers, {} replay keys",
+        "tower-idempotency bench: {:?} per scenario in {} rounds, {:?} concurrent workers, {} replay keys",
         args.duration, args.rounds, args.concurrency, args.keys
     );
     let mut bench = Bench {
         args: args.clone(),
+        workers: args.concurrency[0],
         client,
         rows: Vec::new(),
+        counted: Vec::new(),
     };
     let mut failed = false;
-    for store in &args.stores {
-        eprintln!("{store:?}:");
-        let result = match store {
-            StoreKind::Memory => bench.memory().await,
-            StoreKind::Redis => bench.redis().await,
-            StoreKind::Postgres => bench.postgres().await,
-            StoreKind::Sqlite => bench.sqlite().await,
-        };
-        if let Err(err) = result {
-            eprintln!("error: {store:?} bench failed: {err}");
-            failed = true;
+    for &workers in &args.concurrency {
+        bench.workers = workers;
+        for store in &args.stores {
+            eprintln!("{store:?}, {workers} workers:");
+            let result = match store {
+                StoreKind::Memory => bench.memory().await,
+                StoreKind::Redis => bench.redis().await,
+                StoreKind::Postgres => bench.postgres().await,
+                StoreKind::Sqlite => bench.sqlite().await,
+            };
+            if let Err(err) = result {
+                eprintln!("error: {store:?} bench failed: {err}");
+                failed = true;
+            }
         }
     }
     println!(
-        "{} s per scenario in {} alternating rounds, {} concurrent keep-alive workers, client and servers in one process on 127.0.0.1\n",
+        "{} s per scenario in {} alternating rounds, {:?} concurrent keep-alive workers, client and servers in one process on 127.0.0.1\n",
         args.duration.as_secs_f64(),
         args.rounds,
         args.concurrency
     );
     print!("{}", bench.table());
+    if !bench.counted.is_empty() {
+        println!(
+            "\nPostgreSQL messages per request (counted by a proxy, outside the timed runs):\n"
+        );
+        println!("| scenario | round trips | statements |\n|---|---:|---:|");
+        for (name, round_trips, statements) in &bench.counted {
+            println!("| {name} | {round_trips:.2} | {statements:.2} |");
+        }
+    }
+    if let Some(path) = &args.chart {
+        match std::fs::write(path, bench.chart()) {
+            Ok(()) => eprintln!("chart written to {}", path.display()),
+            Err(err) => {
+                eprintln!("error: cannot write the chart to {}: {err}", path.display());
+                failed = true;
+            }
+        }
+    }
     if failed {
         ExitCode::FAILURE
     } else {

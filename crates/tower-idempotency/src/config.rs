@@ -23,6 +23,11 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub const DEFAULT_METHODS: [Method; 2] = [Method::POST, Method::PATCH];
 /// How long reading a request body may take by default: 30 seconds.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the layer waits for any one store call by default: 5 seconds.
+///
+/// A call that takes longer counts as the store being unavailable (see
+/// [`Idempotency::with_store_timeout`](crate::Idempotency::with_store_timeout)).
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// In wait mode, the longest pause between two claims when the store's notification does not
 /// arrive (a store without notifications, or one that was missed).
 pub const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -42,6 +47,7 @@ pub(crate) struct Config {
     pub(crate) save: Arc<dyn SavePolicy>,
     pub(crate) wait: Option<Duration>,
     pub(crate) fail_open: bool,
+    pub(crate) store_timeout: Duration,
     pub(crate) retry_after: RetryAfter,
     /// Shared by every clone of the layer, so the estimate learns from all of them.
     pub(crate) durations: Arc<Durations>,
@@ -62,6 +68,7 @@ impl Default for Config {
             save: Arc::new(DefaultSavePolicy),
             wait: None,
             fail_open: false,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
             retry_after: RetryAfter::default(),
             durations: Arc::default(),
         }

@@ -91,3 +91,16 @@ impl<St: crate::store::TransactionalStore> Idempotency<St> {
         self.into_mode()
     }
 }
+
+#[cfg(feature = "postgres")]
+impl Idempotency<crate::store::postgres::PostgresStore> {
+    /// Switch to single-commit mode: the claim, the handler's writes and the saved response
+    /// commit once, in one transaction. For handlers whose work is all in the database; see the
+    /// [module docs](crate::single_commit) for when to choose it.
+    pub fn transactional_single_commit(
+        self,
+    ) -> Idempotency<crate::store::postgres::PostgresStore, crate::single_commit::SingleCommit>
+    {
+        self.into_mode()
+    }
+}

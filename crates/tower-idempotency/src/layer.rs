@@ -51,6 +51,7 @@ use crate::{
 /// | duplicate while in flight | 409 + `Retry-After` | [`wait_for_in_flight`](Self::wait_for_in_flight) |
 /// | `Retry-After` of that 409 | estimated from recent handler durations, 1 s to the lease left | [`with_retry_after`](Self::with_retry_after) |
 /// | store down | 503 + `Retry-After` | [`fail_open`](Self::fail_open) |
+/// | store call timeout | 5 s (then: store down) | [`with_store_timeout`](Self::with_store_timeout) |
 pub struct Idempotency<St, M = Standard> {
     pub(crate) store: Arc<St>,
     pub(crate) config: Arc<Config>,
@@ -284,6 +285,37 @@ impl<St: Store, M> Idempotency<St, M> {
         self.map_config(|c| c.fail_open = true)
     }
 
+    /// Give up on any one store call after `timeout` (default [`DEFAULT_STORE_TIMEOUT`](crate::DEFAULT_STORE_TIMEOUT), 5 s) and
+    /// treat the store as unavailable, instead of letting requests hang on a store that stopped
+    /// answering (a black-holed network, a database stuck on a lock, a saturated pool).
+    ///
+    /// Each claim (every claim of [wait mode](Self::wait_for_in_flight) too), renewal, save,
+    /// release, and in transactional mode the save-and-commit, is bounded on its own:
+    ///
+    /// - a claim that times out answers `503` with `Retry-After` (fail closed; or calls the
+    ///   handler with [`fail_open`](Self::fail_open)); the handler is not called. The layer then
+    ///   releases the key in the background in case the claim did land, so a retry need not wait
+    ///   for the lease;
+    /// - a renewal that times out is tried again at the next heartbeat;
+    /// - a save that times out is tried again, like any failed save; in transactional mode the
+    ///   transaction is dropped (rolled back) unless its commit already landed, the key is
+    ///   released, and the client gets `503`: the retry finds either the saved answer or a free
+    ///   key, never half of the work.
+    ///
+    /// A timed-out SQL call gives its pooled connection back (sqlx tests it on release), so
+    /// repeated timeouts do not drain the pool. Keep the timeout well under the lease, and above
+    /// the store's normal worst case. A zero `timeout` is raised to 1 ms.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let layer = tower_idempotency::Idempotency::memory()
+    ///     .with_store_timeout(Duration::from_millis(500));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_store_timeout(self, timeout: Duration) -> Self {
+        self.map_config(|c| c.store_timeout = timeout.max(Duration::from_millis(1)))
+    }
+
     /// Start a background task that deletes expired records every `every`, in batches of
     /// [`DEFAULT_SWEEP_BATCH`](crate::sweeper::DEFAULT_SWEEP_BATCH). The task stops when the
     /// returned [`Sweeper`] is dropped.
@@ -339,6 +371,7 @@ impl<St: fmt::Debug, M> fmt::Debug for Idempotency<St, M> {
             .field("lease", &c.lease)
             .field("wait", &c.wait)
             .field("fail_open", &c.fail_open)
+            .field("store_timeout", &c.store_timeout)
             .field("retry_after", &c.retry_after)
             .finish_non_exhaustive()
     }

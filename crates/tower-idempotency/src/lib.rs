@@ -69,8 +69,11 @@ mod observe;
 mod record;
 mod retry_after;
 mod service;
+#[cfg(feature = "postgres")]
+pub mod single_commit;
 pub mod store;
 pub mod sweeper;
+mod timeout;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub mod transaction;
@@ -78,7 +81,7 @@ pub mod transaction;
 pub use body::{RequestBody, ResponseBody};
 pub use config::{
     DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS,
-    DEFAULT_TTL, WAIT_POLL_INTERVAL,
+    DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
 };
 pub use error::Rejection;
 pub use fingerprint::Fingerprint;
@@ -91,6 +94,8 @@ pub use observe::describe_metrics;
 pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
 pub use retry_after::RetryAfter;
 pub use service::{IdempotencyService, ResponseFuture};
+#[cfg(feature = "postgres")]
+pub use single_commit::SingleCommit;
 pub use sweeper::Sweeper;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]

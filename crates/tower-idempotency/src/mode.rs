@@ -1,5 +1,6 @@
-//! How an attempt's answer is recorded: on its own ([`Standard`]), or in the handler's database
-//! transaction ([`Transactional`](crate::Transactional)).
+//! How an attempt's answer is recorded: on its own ([`Standard`]), in the handler's database
+//! transaction ([`Transactional`](crate::Transactional)), or with the claim too in that one
+//! transaction (`SingleCommit`, PostgreSQL).
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -7,7 +8,8 @@ use http::Extensions;
 
 use crate::{
     key::KeyHash,
-    store::{Fenced, FencingToken, Store, StoreError, StoredResponse},
+    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoredResponse},
+    timeout::bounded,
 };
 
 mod sealed {
@@ -15,8 +17,8 @@ mod sealed {
 }
 pub(crate) use sealed::Sealed;
 
-/// The mode of an [`Idempotency`](crate::Idempotency) layer. Sealed: the modes are [`Standard`]
-/// and [`Transactional`](crate::Transactional).
+/// The mode of an [`Idempotency`](crate::Idempotency) layer. Sealed: the modes are [`Standard`],
+/// [`Transactional`](crate::Transactional) and (PostgreSQL) `SingleCommit`.
 pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
     /// Per-attempt state, created after a successful claim.
     #[doc(hidden)]
@@ -26,11 +28,39 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
     #[doc(hidden)]
     const TRANSACTIONAL: bool;
 
-    /// Prepare an attempt; may put something in the request's extensions for the handler.
+    /// `false` when a claim holds no lease (single commit: the claim is uncommitted until the
+    /// end, so there is nothing to renew or release; a rollback undoes it).
     #[doc(hidden)]
-    fn start(store: &Arc<St>, extensions: &mut Extensions) -> Self::Attempt;
+    const LEASED: bool = true;
 
-    /// Save the handler's response for `key` if the record still carries `token`.
+    /// Claim the key; a mode that claims inside the attempt's transaction returns the attempt
+    /// too (dropped, so rolled back, unless the outcome is `Claimed`).
+    #[doc(hidden)]
+    fn claim(
+        store: &Arc<St>,
+        claim: &Claim,
+    ) -> impl Future<Output = Result<(ClaimOutcome, Option<Self::Attempt>), StoreError>> + Send
+    {
+        async move { Ok((store.claim(claim).await?, None)) }
+    }
+
+    /// Wait mode: pause until the key's record may have changed, at most `pause`.
+    #[doc(hidden)]
+    fn wait(store: &St, key: &KeyHash, pause: Duration) -> impl Future<Output = ()> + Send {
+        store.wait_for_change(key, pause)
+    }
+
+    /// Prepare an attempt (from the one [`claim`](Self::claim) returned, if any); may put
+    /// something in the request's extensions for the handler.
+    #[doc(hidden)]
+    fn start(
+        store: &Arc<St>,
+        extensions: &mut Extensions,
+        claimed: Option<Self::Attempt>,
+    ) -> Self::Attempt;
+
+    /// Save the handler's response for `key` if the record still carries `token`; each store
+    /// call is bounded by `limit` (the store timeout).
     #[doc(hidden)]
     fn finish(
         store: &St,
@@ -38,11 +68,12 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
-    /// Undo the attempt's uncommitted work (the response is not saved).
+    /// Undo the attempt's uncommitted work (the response is not saved), within `limit`.
     #[doc(hidden)]
-    fn abandon(attempt: Self::Attempt) -> impl Future<Output = ()> + Send;
+    fn abandon(attempt: Self::Attempt, limit: Duration) -> impl Future<Output = ()> + Send;
 }
 
 /// The default mode: the response is saved with one store write after the handler answers.
@@ -63,7 +94,7 @@ impl<St: Store> Mode<St> for Standard {
     type Attempt = ();
     const TRANSACTIONAL: bool = false;
 
-    fn start(_: &Arc<St>, _: &mut Extensions) -> Self::Attempt {}
+    fn start(_: &Arc<St>, _: &mut Extensions, _: Option<()>) -> Self::Attempt {}
 
     async fn finish(
         store: &St,
@@ -71,10 +102,12 @@ impl<St: Store> Mode<St> for Standard {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> Result<Fenced, StoreError> {
         let mut attempt = 1;
         loop {
-            match store.complete(key, token, response).await {
+            let saved = bounded("the save", limit, store.complete(key, token, response));
+            match saved.await {
                 Err(err) if attempt < COMPLETE_ATTEMPTS => {
                     tracing::warn!(target: "tower_idempotency", key = %key, error = %crate::observe::Chain(&err), attempt, "saving the response failed; retrying");
                     tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
@@ -85,5 +118,5 @@ impl<St: Store> Mode<St> for Standard {
         }
     }
 
-    async fn abandon((): ()) {}
+    async fn abandon((): (), _: Duration) {}
 }

@@ -35,8 +35,14 @@
 //!   client gets 409 with `Retry-After`;
 //! - a response that is not saved (408, 425, 429, 503 by default), an inner service error and a
 //!   panic roll the transaction back and release the key.
+//!
+//! On PostgreSQL, a handler whose work is all in the database (no slow call before its writes)
+//! can also make the claim inside that transaction and commit once:
+//! [`transactional_single_commit`](crate::Idempotency::transactional_single_commit) (see
+//! `single_commit`). On SQLite the transaction begins with `BEGIN IMMEDIATE` and waits its turn
+//! behind the store's other writes in this process (see the SQLite store's docs).
 
-use std::{fmt, sync::Arc};
+use std::{fmt, sync::Arc, time::Duration};
 
 use http::Extensions;
 use tokio::sync::{Mutex, OwnedMutexGuard};
@@ -45,6 +51,7 @@ use crate::{
     key::KeyHash,
     mode::{Mode, Sealed},
     store::{Fenced, FencingToken, StoreError, StoredResponse, TransactionalStore},
+    timeout::bounded,
 };
 
 /// The mode of a layer built with [`Idempotency::transactional`](crate::Idempotency::transactional).
@@ -54,9 +61,17 @@ pub struct Transactional;
 impl Sealed for Transactional {}
 
 enum TxState<DB: sqlx::Database> {
-    NotBegun(sqlx::Pool<DB>),
-    Open(sqlx::Transaction<'static, DB>),
+    NotBegun(Begin<DB>),
+    /// The open transaction, and the store's writer queue while it is held.
+    Open(sqlx::Transaction<'static, DB>, Option<OwnedMutexGuard<()>>),
     Finished,
+}
+
+/// How the handler's transaction begins.
+struct Begin<DB: sqlx::Database> {
+    pool: sqlx::Pool<DB>,
+    statement: Option<&'static str>,
+    writers: Option<Arc<Mutex<()>>>,
 }
 
 /// The handler's side of the idempotency transaction (an axum extractor with the `axum` feature).
@@ -92,7 +107,7 @@ impl<DB: sqlx::Database> std::ops::Deref for TransactionGuard<DB> {
 
     fn deref(&self) -> &Self::Target {
         match &*self.0 {
-            TxState::Open(tx) => tx,
+            TxState::Open(tx, _) => tx,
             // `begin` hands out a guard only after opening the transaction, under the same lock.
             _ => unreachable!("a TransactionGuard always holds an open transaction"),
         }
@@ -102,7 +117,7 @@ impl<DB: sqlx::Database> std::ops::Deref for TransactionGuard<DB> {
 impl<DB: sqlx::Database> std::ops::DerefMut for TransactionGuard<DB> {
     fn deref_mut(&mut self) -> &mut Self::Target {
         match &mut *self.0 {
-            TxState::Open(tx) => tx,
+            TxState::Open(tx, _) => tx,
             _ => unreachable!("a TransactionGuard always holds an open transaction"),
         }
     }
@@ -115,9 +130,24 @@ impl<DB: sqlx::Database> fmt::Debug for TransactionGuard<DB> {
 }
 
 impl<DB: sqlx::Database> IdempotencyTransaction<DB> {
-    fn new(pool: sqlx::Pool<DB>) -> Self {
+    /// A transaction the layer has already begun (single-commit mode).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn open(tx: sqlx::Transaction<'static, DB>) -> Self {
         Self {
-            state: Arc::new(Mutex::new(TxState::NotBegun(pool))),
+            state: Arc::new(Mutex::new(TxState::Open(tx, None))),
+        }
+    }
+
+    /// The open transaction, for the layer's own statements before the handler runs.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) async fn open_guard(&self) -> Option<TransactionGuard<DB>> {
+        let state = self.state.clone().lock_owned().await;
+        matches!(&*state, TxState::Open(..)).then(|| TransactionGuard(state))
+    }
+
+    fn new(begin: Begin<DB>) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(TxState::NotBegun(begin))),
         }
     }
 
@@ -127,23 +157,32 @@ impl<DB: sqlx::Database> IdempotencyTransaction<DB> {
     /// attempt (the guard was kept past the handler, for example in a spawned task).
     pub async fn begin(&self) -> Result<TransactionGuard<DB>, sqlx::Error> {
         let mut state = self.state.clone().lock_owned().await;
-        if let TxState::NotBegun(pool) = &*state {
-            let tx = pool.begin().await?;
-            *state = TxState::Open(tx);
+        if let TxState::NotBegun(begin) = &*state {
+            // Queue behind this process's other writers first, holding no connection meanwhile.
+            let writer = match &begin.writers {
+                Some(writers) => Some(writers.clone().lock_owned().await),
+                None => None,
+            };
+            let tx = match begin.statement {
+                Some(statement) => begin.pool.begin_with(statement).await?,
+                None => begin.pool.begin().await?,
+            };
+            *state = TxState::Open(tx, writer);
         }
         match &*state {
-            TxState::Open(_) => Ok(TransactionGuard(state)),
+            TxState::Open(..) => Ok(TransactionGuard(state)),
             _ => Err(sqlx::Error::Protocol(
                 "the idempotency transaction is finished: use it only inside the handler".into(),
             )),
         }
     }
 
-    /// Take the transaction out, leaving `Finished`: nothing can use it after the layer does.
-    async fn take(&self) -> Option<sqlx::Transaction<'static, DB>> {
+    /// Take the transaction out (with the writer queue it holds, to be dropped after the
+    /// commit or rollback), leaving `Finished`: nothing can use it after the layer does.
+    async fn take(&self) -> Option<(sqlx::Transaction<'static, DB>, Option<OwnedMutexGuard<()>>)> {
         let mut state = self.state.lock().await;
         match std::mem::replace(&mut *state, TxState::Finished) {
-            TxState::Open(tx) => Some(tx),
+            TxState::Open(tx, writer) => Some((tx, writer)),
             _ => None,
         }
     }
@@ -153,8 +192,16 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
     type Attempt = IdempotencyTransaction<St::Database>;
     const TRANSACTIONAL: bool = true;
 
-    fn start(store: &Arc<St>, extensions: &mut Extensions) -> Self::Attempt {
-        let tx = IdempotencyTransaction::new(store.pool().clone());
+    fn start(
+        store: &Arc<St>,
+        extensions: &mut Extensions,
+        _: Option<Self::Attempt>,
+    ) -> Self::Attempt {
+        let tx = IdempotencyTransaction::new(Begin {
+            pool: store.pool().clone(),
+            statement: St::BEGIN,
+            writers: store.writer_queue(),
+        });
         extensions.insert(tx.clone());
         tx
     }
@@ -165,27 +212,36 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> Result<Fenced, StoreError> {
-        let Some(mut tx) = attempt.take().await else {
+        let Some((mut tx, _writer)) = attempt.take().await else {
             // The handler did no database work: save the response on its own.
-            return store.complete(key, token, response).await;
+            return bounded("the save", limit, store.complete(key, token, response)).await;
         };
-        match store.complete_in(&mut tx, key, token, response).await? {
+        // A timeout drops the transaction, which rolls it back unless the COMMIT already landed:
+        // either way the work and the saved answer stay together.
+        let saved = bounded(
+            "the save in the transaction",
+            limit,
+            store.complete_in(&mut tx, key, token, response),
+        );
+        match saved.await? {
             Fenced::Applied => {
-                tx.commit().await?;
+                bounded("the commit", limit, async { Ok(tx.commit().await?) }).await?;
                 Ok(Fenced::Applied)
             }
             Fenced::Lost => {
-                tx.rollback().await?;
+                bounded("the rollback", limit, async { Ok(tx.rollback().await?) }).await?;
                 Ok(Fenced::Lost)
             }
         }
     }
 
-    async fn abandon(attempt: Self::Attempt) {
-        if let Some(tx) = attempt.take().await {
-            if let Err(err) = tx.rollback().await {
-                tracing::warn!(target: "tower_idempotency", error = %err, "rolling back the idempotency transaction failed; the connection is discarded");
+    async fn abandon(attempt: Self::Attempt, limit: Duration) {
+        if let Some((tx, _writer)) = attempt.take().await {
+            let rollback = bounded("the rollback", limit, async { Ok(tx.rollback().await?) });
+            if let Err(err) = rollback.await {
+                tracing::warn!(target: "tower_idempotency", error = %crate::observe::Chain(&err), "rolling back the idempotency transaction failed; the connection is discarded");
             }
         }
     }

@@ -22,6 +22,7 @@ use crate::{
     record,
     retry_after::Running,
     store::{Fenced, FencingToken, Store, StoredResponse},
+    timeout::bounded,
     BoxError,
 };
 
@@ -31,6 +32,8 @@ pub(super) struct ClaimedRun<St> {
     pub(super) config: Arc<Config>,
     pub(super) key: KeyHash,
     pub(super) token: FencingToken,
+    /// Whether the claim holds a lease to renew and release (see [`Mode::LEASED`]).
+    pub(super) leased: bool,
     /// The request's path, for the Retry-After estimate of its duplicates.
     pub(super) path: String,
     pub(super) record: Arc<RequestRecord>,
@@ -63,7 +66,7 @@ impl<St: Store> ClaimedRun<St> {
         let result = tokio::select! {
             biased;
             result = AssertUnwindSafe(call_handler(inner, req)).catch_unwind() => result,
-            never = heartbeat::renew_forever(&self) => match never {},
+            never = heartbeat::renew_forever(&self), if self.leased => match never {},
         };
         let (parts, (body, trailers)) = match result {
             Err(panic) => {
@@ -122,7 +125,15 @@ impl<St: Store> ClaimedRun<St> {
         let headers = record::saved_headers(&parts.headers);
         let saved = StoredResponse::new(parts.status, headers, body.clone())
             .with_trailers(trailers.clone());
-        let finish = M::finish(&self.store, mode_state, &self.key, self.token, &saved);
+        let limit = self.config.store_timeout;
+        let finish = M::finish(
+            &self.store,
+            mode_state,
+            &self.key,
+            self.token,
+            &saved,
+            limit,
+        );
         match observe::timed(self.store.name(), "complete", finish).await {
             Ok(Fenced::Applied) => self.record.finish(Outcome::Saved, &"answer saved"),
             Ok(Fenced::Lost) if M::TRANSACTIONAL => {
@@ -151,12 +162,21 @@ impl<St: Store> ClaimedRun<St> {
 
     /// Nothing is saved: undo the mode's uncommitted work, then free the key for a retry.
     async fn give_up<M: Mode<St>>(&self, mode_state: M::Attempt, why: &str) {
-        M::abandon(mode_state).await;
+        M::abandon(mode_state, self.config.store_timeout).await;
         self.release(why).await;
     }
 
     async fn release(&self, why: &str) {
+        if !self.leased {
+            // The claim was made in the rolled-back transaction: it is gone with it.
+            self.record.finish(
+                Outcome::Released,
+                &format_args!("key released with the rollback: {why}"),
+            );
+            return;
+        }
         let release = self.store.release(&self.key, self.token);
+        let release = bounded("the release", self.config.store_timeout, release);
         match observe::timed(self.store.name(), "release", release).await {
             Ok(Fenced::Applied) => self
                 .record

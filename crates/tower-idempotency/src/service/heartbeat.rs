@@ -8,6 +8,7 @@ use super::ClaimedRun;
 use crate::{
     observe::{self, Outcome},
     store::{Fenced, Store},
+    timeout::bounded,
 };
 
 /// Renew the lease every third of it, forever; the caller drops this when the work ends.
@@ -18,6 +19,7 @@ pub(super) async fn renew_forever<St: Store>(run: &ClaimedRun<St>) -> Infallible
     loop {
         ticks.tick().await;
         let renew = run.store.renew(&run.key, run.token, run.config.lease);
+        let renew = bounded("the renewal", run.config.store_timeout, renew);
         match observe::timed(run.store.name(), "renew", renew).await {
             Ok(Fenced::Applied) => observe::renewed(),
             Ok(Fenced::Lost) => {

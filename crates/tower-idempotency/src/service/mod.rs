@@ -27,7 +27,8 @@ use crate::{
     mode::{Mode, Standard},
     observe::{self, Outcome, RequestRecord},
     record,
-    store::{Claim, ClaimOutcome, FencingToken, Store, StoreError, StoreErrorKind},
+    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind},
+    timeout::bounded,
     BoxError, RequestBody,
 };
 
@@ -416,7 +417,7 @@ async fn respond<S, St, M, ReqBody, ResBody>(
     layer: Shared<St, M>,
     prepared: Prepared,
     token: FencingToken,
-    outcome: Result<ClaimOutcome, StoreError>,
+    outcome: Result<(ClaimOutcome, Option<M::Attempt>), StoreError>,
     record: Arc<RequestRecord>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -432,10 +433,15 @@ where
     ResBody::Error: Into<BoxError>,
 {
     match outcome {
-        Ok(ClaimOutcome::Claimed { taken_over }) => {
-            run_claimed(inner, layer, prepared, token, taken_over, record).await
+        Ok((ClaimOutcome::Claimed { taken_over }, claimed)) => {
+            let claim = ClaimedKey {
+                token,
+                taken_over,
+                claimed,
+            };
+            run_claimed(inner, layer, prepared, claim, record).await
         }
-        Ok(ClaimOutcome::InFlight { lease_remaining }) => {
+        Ok((ClaimOutcome::InFlight { lease_remaining }, _)) => {
             record.finish(
                 Outcome::InFlight,
                 &"the first attempt is still running: 409",
@@ -448,14 +454,14 @@ where
             );
             Ok(reject(Rejection::InFlight { retry_after }))
         }
-        Ok(ClaimOutcome::Mismatch) => {
+        Ok((ClaimOutcome::Mismatch, _)) => {
             record.finish(
                 Outcome::Mismatch,
                 &"the key was first used for a different request: 422",
             );
             Ok(reject(Rejection::KeyReused))
         }
-        Ok(ClaimOutcome::Done(saved)) => {
+        Ok((ClaimOutcome::Done(saved), _)) => {
             record.finish(Outcome::Replayed, &"replaying the saved answer");
             Ok(record::replay(saved))
         }
@@ -502,14 +508,21 @@ where
     .await
 }
 
+/// A successful claim: its token, whether it took a lapsed lease over, and the mode's state
+/// when the mode claims inside its own transaction.
+struct ClaimedKey<A> {
+    token: FencingToken,
+    taken_over: bool,
+    claimed: Option<A>,
+}
+
 /// The key is ours: hand the request to the handler as a [`ClaimedRun`], which a client
 /// disconnect does not stop.
 async fn run_claimed<S, St, M, ReqBody, ResBody>(
     inner: S,
     layer: Shared<St, M>,
     prepared: Prepared,
-    token: FencingToken,
-    taken_over: bool,
+    claim: ClaimedKey<M::Attempt>,
     record: Arc<RequestRecord>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -522,6 +535,11 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    let ClaimedKey {
+        token,
+        taken_over,
+        claimed,
+    } = claim;
     if taken_over {
         observe::record(
             Outcome::TakenOver,
@@ -539,7 +557,7 @@ where
     } = prepared;
     let path = parts.uri.path().to_owned();
     parts.extensions.insert(key);
-    let mode_state = M::start(&layer.store, &mut parts.extensions);
+    let mode_state = M::start(&layer.store, &mut parts.extensions, claimed);
     let req = Request::from_parts(parts, RequestBody::buffered(bytes));
     let run = ClaimedRun {
         store: layer.store.clone(),
@@ -547,6 +565,7 @@ where
         key: key_hash,
         token,
         path,
+        leased: M::LEASED,
         record,
     };
     // If the client disconnects and this future is dropped, the run is handed to the runtime:
@@ -559,21 +578,24 @@ where
 }
 
 /// Claim once, or in wait mode keep claiming while the first attempt runs, up to the bound.
-async fn claim<St: Store, M>(
+async fn claim<St: Store, M: Mode<St>>(
     layer: &Shared<St, M>,
     key: KeyHash,
     fingerprint: Fingerprint,
     token: FencingToken,
-) -> Result<ClaimOutcome, crate::store::StoreError> {
+) -> Result<(ClaimOutcome, Option<M::Attempt>), crate::store::StoreError> {
     let config = &layer.config;
     let claim = Claim::new(key, fingerprint, token, config.lease, config.ttl);
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut waited = false;
     let mut conflicts = 0;
     loop {
-        let outcome = match observe::timed(layer.store.name(), "claim", layer.store.claim(&claim))
-            .await
-        {
+        let attempt = bounded(
+            "the claim",
+            config.store_timeout,
+            M::claim(&layer.store, &claim),
+        );
+        let (outcome, claimed) = match observe::timed(layer.store.name(), "claim", attempt).await {
             // Nothing was written: the same claim again is expected to go through.
             Err(err)
                 if err.kind() == StoreErrorKind::Conflict && conflicts + 1 < CLAIM_ATTEMPTS =>
@@ -583,25 +605,57 @@ async fn claim<St: Store, M>(
                 tokio::time::sleep(Duration::from_millis(5 << conflicts)).await;
                 continue;
             }
-            result => result?,
+            Ok(outcome) => outcome,
+            Err(err) => {
+                release_in_background(layer, key, token);
+                return Err(err);
+            }
         };
         let now = Instant::now();
         match (outcome, deadline) {
             (ClaimOutcome::InFlight { lease_remaining }, Some(deadline)) if now < deadline => {
+                drop(claimed);
                 waited = true;
                 let pause = (deadline - now)
                     .min(lease_remaining)
                     .min(WAIT_POLL_INTERVAL);
-                layer.store.wait_for_change(&key, pause).await;
+                M::wait(&layer.store, &key, pause).await;
             }
             (outcome, _) => {
                 if waited {
                     observe::record(Outcome::Waited, &"waited for the first attempt");
                 }
-                return Ok(outcome);
+                return Ok((outcome, claimed));
             }
         }
     }
+}
+
+/// After a failed claim (a timeout, a cut connection), the claim may still have landed: release it,
+/// fenced by our token so nothing else is touched, so that a retry need not wait for the lease to
+/// lapse. In the background, because the client's 503 should not wait for a store in trouble.
+fn release_in_background<St: Store, M>(layer: &Shared<St, M>, key: KeyHash, token: FencingToken) {
+    let store = layer.store.clone();
+    let limit = layer.config.store_timeout;
+    tokio::spawn(
+        async move {
+            match bounded("the release", limit, store.release(&key, token)).await {
+                Ok(Fenced::Applied) => observe::record(
+                    Outcome::Released,
+                    &"the failed claim had landed after all: key released",
+                ),
+                Ok(Fenced::Lost) => {}
+                Err(err) => observe::record(
+                    Outcome::StoreError,
+                    &format_args!(
+                        "releasing after a failed claim failed: {}; if the claim landed, the key frees when the lease lapses",
+                        observe::Chain(&err)
+                    ),
+                ),
+            }
+        }
+        .in_current_span(),
+    );
 }
 
 #[cfg(test)]

@@ -413,6 +413,17 @@ pub trait TransactionalStore: Store {
     /// The pool transactions are begun from.
     fn pool(&self) -> &sqlx::Pool<Self::Database>;
 
+    /// The statement that begins the handler's transaction (`BEGIN` when `None`).
+    #[doc(hidden)]
+    const BEGIN: Option<&'static str> = None;
+
+    /// The in-process queue of this store's writers, if it has one: the handler's transaction
+    /// holds it from its begin to its commit or rollback.
+    #[doc(hidden)]
+    fn writer_queue(&self) -> Option<std::sync::Arc<tokio::sync::Mutex<()>>> {
+        None
+    }
+
     /// [`Store::complete`], inside the handler's transaction.
     fn complete_in(
         &self,

@@ -31,20 +31,28 @@
 //! sqlx's advisory lock, so several instances may call it at start-up at once.
 //!
 //! If you run your own migrations instead, this is the schema the store expects
-//! (`migrations/postgres/0001_idempotency_records.sql`, included here verbatim):
+//! (`migrations/postgres/0001_idempotency_records.sql` and `0002_watched.sql`, included here verbatim):
 //!
 //! ```sql
 #![doc = include_str!("../../migrations/postgres/0001_idempotency_records.sql")]
+#![doc = include_str!("../../migrations/postgres/0002_watched.sql")]
 //! ```
 //!
 //! # Waiting
 //!
-//! [`Store::wait_for_change`] uses `LISTEN`/`NOTIFY` on the channel `tower_idempotency`:
-//! `complete` and `release` send the key's hex hash in the same statement (so a notification
-//! inside a transaction goes out only when it commits). Each store starts one listener in the
-//! background on the first wait, on a connection of its own (same options as the pool, outside
-//! it). Until it listens, or should it fail (for example behind PgBouncer in transaction mode,
-//! which cannot `LISTEN`), a wait lasts the timeout the layer gives, so it is always bounded.
+//! [`Store::wait_for_change`] uses `LISTEN`/`NOTIFY` on the channel `tower_idempotency`, and
+//! only for records someone waits on. A waiter first listens, then marks the running record
+//! `watched` (one statement that also tells it whether the record is still running; if not, it
+//! returns at once). `complete` and `release` return the record's `watched` flag and send the
+//! key's hex hash with `pg_notify` only when it is set, on the same connection (so a notification
+//! inside a transaction goes out only when it commits). Without waiters nothing is notified:
+//! PostgreSQL serialises the commits of every transaction that notified (a global lock), which
+//! would otherwise cost every first-time key, wait mode on or off.
+//!
+//! Each store starts one listener in the background on the first wait, on a connection of its
+//! own (same options as the pool, outside it). Until it listens, or should it fail (for example
+//! behind PgBouncer in transaction mode, which cannot `LISTEN`), a wait lasts the timeout the
+//! layer gives, so it is always bounded.
 //!
 //! # Expiry
 //!
@@ -60,10 +68,10 @@ use std::{
 
 use sqlx::{
     migrate::{Migration, MigrationType, Migrator},
-    postgres::{PgListener, PgPool, PgPoolOptions, Postgres},
+    postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres},
     Row, SqlSafeStr,
 };
-use tokio::time::Instant;
+use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
 
@@ -86,6 +94,76 @@ const CLAIM_ATTEMPTS: usize = 8;
 
 /// How long after a failed start the listener is tried again; waiting sleeps meanwhile.
 const LISTENER_RETRY: Duration = Duration::from_secs(5);
+
+/// The claim statement, with extra CTEs first (`$lock`), a condition on the writes (`$gate`)
+/// and extra outcomes last (`$tail`): one text for both claims, checked by the compiler.
+macro_rules! claim_sql {
+    ($lock:literal, $gate:literal, $tail:literal) => {
+        concat!(
+            "\nWITH ",
+            $lock,
+            r#"
+live AS (
+    SELECT l.fingerprint, l.state, l.status, l.headers, l.body, l.lease_until
+    FROM idempotency_records AS l
+    WHERE l.key = $1
+      AND l.expires_at > now()
+      AND (l.fingerprint <> $2 OR l.state = 'done' OR l.lease_until > now())
+),
+claimed AS (
+    INSERT INTO idempotency_records AS r
+        (key, fingerprint, token, state, created_at, lease_until, expires_at)
+    SELECT
+        $1, $2, $3, 'running', now(),
+        now() + $4 * interval '1 millisecond',
+        now() + $5 * interval '1 millisecond'
+    WHERE NOT EXISTS (SELECT FROM live)"#,
+            $gate,
+            r#"
+    ON CONFLICT (key) DO UPDATE SET
+        fingerprint = EXCLUDED.fingerprint,
+        token       = EXCLUDED.token,
+        state       = 'running',
+        status      = NULL,
+        headers     = NULL,
+        body        = NULL,
+        lease_until = EXCLUDED.lease_until,
+        watched     = r.watched AND r.expires_at > now(),
+        created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
+        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
+    WHERE r.expires_at <= now()
+       OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
+    RETURNING r.created_at <> now() AS taken_over
+),
+existing AS (
+    SELECT e.fingerprint, e.state, e.status, e.headers, e.body, e.lease_until
+    FROM idempotency_records AS e
+    WHERE e.key = $1 AND NOT EXISTS (SELECT FROM live) AND NOT EXISTS (SELECT FROM claimed)"#,
+            $gate,
+            r#"
+    FOR SHARE
+),
+found AS (
+    SELECT * FROM live
+    UNION ALL
+    SELECT * FROM existing
+)
+SELECT 'claimed' AS outcome, taken_over, NULL::bigint AS lease_remaining_ms,
+       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
+FROM claimed
+UNION ALL
+SELECT CASE WHEN fingerprint <> $2 THEN 'mismatch'
+            WHEN state = 'done' THEN 'done'
+            ELSE 'in_flight' END,
+       false,
+       greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
+       status, headers, body
+FROM found"#,
+            $tail,
+            "\n"
+        )
+    };
+}
 
 /// Claim in one statement.
 ///
@@ -112,59 +190,22 @@ const LISTENER_RETRY: Duration = Duration::from_secs(5);
 /// One case remains: a row inserted by a transaction that committed after the snapshot. `ON
 /// CONFLICT` waits for it and sees it, but no read in this statement can: the statement returns
 /// no row, and [`PostgresStore::claim`] runs it again with a fresh snapshot.
-const CLAIM: &str = r#"
-WITH live AS (
-    SELECT l.fingerprint, l.state, l.status, l.headers, l.body, l.lease_until
-    FROM idempotency_records AS l
-    WHERE l.key = $1
-      AND l.expires_at > now()
-      AND (l.fingerprint <> $2 OR l.state = 'done' OR l.lease_until > now())
-),
-claimed AS (
-    INSERT INTO idempotency_records AS r
-        (key, fingerprint, token, state, created_at, lease_until, expires_at)
-    SELECT
-        $1, $2, $3, 'running', now(),
-        now() + $4 * interval '1 millisecond',
-        now() + $5 * interval '1 millisecond'
-    WHERE NOT EXISTS (SELECT FROM live)
-    ON CONFLICT (key) DO UPDATE SET
-        fingerprint = EXCLUDED.fingerprint,
-        token       = EXCLUDED.token,
-        state       = 'running',
-        status      = NULL,
-        headers     = NULL,
-        body        = NULL,
-        lease_until = EXCLUDED.lease_until,
-        created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
-        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
-    WHERE r.expires_at <= now()
-       OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
-    RETURNING r.created_at <> now() AS taken_over
-),
-existing AS (
-    SELECT e.fingerprint, e.state, e.status, e.headers, e.body, e.lease_until
-    FROM idempotency_records AS e
-    WHERE e.key = $1 AND NOT EXISTS (SELECT FROM live) AND NOT EXISTS (SELECT FROM claimed)
-    FOR SHARE
-),
-found AS (
-    SELECT * FROM live
-    UNION ALL
-    SELECT * FROM existing
-)
-SELECT 'claimed' AS outcome, taken_over, NULL::bigint AS lease_remaining_ms,
-       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
-FROM claimed
+const CLAIM: &str = claim_sql!("", "", "");
+
+/// [`CLAIM`] inside the handler's transaction, for single-commit mode: the claim is gated by a
+/// transaction-scoped advisory lock on `$6` (the key hash's first eight bytes), taken without
+/// waiting. The lock is the "running" marker: it is held until the transaction commits or rolls
+/// back, and the uncommitted row is invisible to others. When another transaction holds it, the
+/// statement answers `in_flight` (unless a committed record answers first) and writes nothing,
+/// so a duplicate never waits on the uncommitted row.
+const CLAIM_LOCKED: &str = claim_sql!(
+    "lock AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($6) AS held),",
+    " AND (SELECT held FROM lock)",
+    "
 UNION ALL
-SELECT CASE WHEN fingerprint <> $2 THEN 'mismatch'
-            WHEN state = 'done' THEN 'done'
-            ELSE 'in_flight' END,
-       false,
-       greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
-       status, headers, body
-FROM found
-"#;
+SELECT 'in_flight', false, NULL, NULL, NULL, NULL
+WHERE NOT (SELECT held FROM lock) AND NOT EXISTS (SELECT FROM live)"
+);
 
 /// Extend the lease of the running record held with the token.
 const RENEW: &str = r#"
@@ -173,26 +214,46 @@ SET lease_until = now() + $3 * interval '1 millisecond'
 WHERE key = $1 AND token = $2 AND state = 'running'
 "#;
 
-/// Save the response on the running record held with the token (its expiry unchanged) and
-/// announce the change; the notification is sent when the transaction commits.
+/// Save the response on the running record held with the token (its expiry unchanged); one row
+/// if the token matched, telling whether a waiter watches the record.
 const COMPLETE: &str = r#"
-WITH completed AS (
-    UPDATE idempotency_records
-    SET state = 'done', status = $3, headers = $4, body = $5
-    WHERE key = $1 AND token = $2 AND state = 'running'
-    RETURNING key
-)
-SELECT pg_notify('tower_idempotency', encode(key, 'hex')) FROM completed
+UPDATE idempotency_records
+SET state = 'done', status = $3, headers = $4, body = $5
+WHERE key = $1 AND token = $2 AND state = 'running'
+RETURNING watched
 "#;
 
-/// Delete the running record held with the token and announce the change.
+/// Delete the running record held with the token; one row if the token matched, telling
+/// whether a waiter watches the record.
 const RELEASE: &str = r#"
-WITH released AS (
-    DELETE FROM idempotency_records
-    WHERE key = $1 AND token = $2 AND state = 'running'
-    RETURNING key
+DELETE FROM idempotency_records
+WHERE key = $1 AND token = $2 AND state = 'running'
+RETURNING watched
+"#;
+
+/// Announce a change of a watched record to the waiters (of every instance). Inside a
+/// transaction the notification goes out when it commits.
+const NOTIFY: &str = "SELECT pg_notify($1, $2)";
+
+/// Mark the running record of a key as watched, so its completion or release notifies; `true`
+/// when the record is still running and watched (wait for the notification), `false` when it is
+/// no longer running (it changed already: claim again).
+///
+/// The update skips a record already watched, so a crowd of waiters on one hot key reads instead
+/// of queueing on the row lock. It locks a row it updates: a completion under way finishes
+/// first, and the update then finds it done and returns `false`.
+const WATCH: &str = r#"
+WITH marked AS (
+    UPDATE idempotency_records
+    SET watched = true
+    WHERE key = $1 AND state = 'running' AND NOT watched
+    RETURNING 1
 )
-SELECT pg_notify('tower_idempotency', encode(key, 'hex')) FROM released
+SELECT EXISTS (SELECT FROM marked)
+    OR EXISTS (
+        SELECT FROM idempotency_records
+        WHERE key = $1 AND state = 'running' AND watched
+    )
 "#;
 
 /// Delete up to `$1` expired records, skipping rows another statement holds.
@@ -228,6 +289,8 @@ struct Inner {
     pool: PgPool,
     waiters: Arc<Waiters>,
     listener: Mutex<ListenerState>,
+    /// `true` while the listener task listens.
+    listening: Arc<watch::Sender<bool>>,
 }
 
 impl PostgresStore {
@@ -238,6 +301,7 @@ impl PostgresStore {
                 pool,
                 waiters: Arc::default(),
                 listener: Mutex::default(),
+                listening: Arc::new(watch::channel(false).0),
             }),
         }
     }
@@ -267,13 +331,22 @@ impl PostgresStore {
 }
 
 fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![Migration::new(
-        1,
-        "idempotency records".into(),
-        MigrationType::Simple,
-        include_str!("../../migrations/postgres/0001_idempotency_records.sql").into_sql_str(),
-        false,
-    )]);
+    let mut migrator = Migrator::with_migrations(vec![
+        Migration::new(
+            1,
+            "idempotency records".into(),
+            MigrationType::Simple,
+            include_str!("../../migrations/postgres/0001_idempotency_records.sql").into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            2,
+            "watched records".into(),
+            MigrationType::Simple,
+            include_str!("../../migrations/postgres/0002_watched.sql").into_sql_str(),
+            false,
+        ),
+    ]);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator
 }
@@ -301,35 +374,13 @@ impl Store for PostgresStore {
                 .bind(millis(claim.ttl))
                 .fetch_optional(&self.inner.pool)
                 .await?;
-            let Some(row) = row else {
-                // Raced with an insert committed after this statement's snapshot: see CLAIM.
-                tracing::trace!(target: "tower_idempotency", "claim raced with a concurrent insert; claiming again");
-                continue;
-            };
-            let outcome: &str = row.try_get("outcome")?;
-            return match outcome {
-                "claimed" => Ok(ClaimOutcome::Claimed {
-                    taken_over: row.try_get("taken_over")?,
-                }),
-                "in_flight" => {
-                    let ms: Option<i64> = row.try_get("lease_remaining_ms")?;
-                    Ok(ClaimOutcome::InFlight {
-                        lease_remaining: remaining(ms),
-                    })
-                }
-                "mismatch" => Ok(ClaimOutcome::Mismatch),
-                "done" => Ok(ClaimOutcome::Done(saved_response(
-                    row.try_get("status")?,
-                    row.try_get("headers")?,
-                    row.try_get("body")?,
-                )?)),
-                _ => Err(StoreError::corrupt("the claim returned an unknown outcome")),
-            };
+            if let Some(row) = row {
+                return outcome_of(&row);
+            }
+            // Raced with an insert committed after this statement's snapshot: see CLAIM.
+            tracing::trace!(target: "tower_idempotency", "claim raced with a concurrent insert; claiming again");
         }
-        Err(StoreError::new(
-            StoreErrorKind::Backend,
-            "the claim kept racing with concurrent inserts",
-        ))
+        Err(raced())
     }
 
     async fn renew(
@@ -353,16 +404,18 @@ impl Store for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        complete_on(&self.inner.pool, key, token, response).await
+        let mut conn = self.inner.pool.acquire().await?;
+        complete_on(&mut conn, key, token, response).await
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        let done = sqlx::query(RELEASE)
+        let mut conn = self.inner.pool.acquire().await?;
+        let watched: Option<bool> = sqlx::query_scalar(RELEASE)
             .bind(key.as_bytes().as_slice())
             .bind(token.as_uuid())
-            .execute(&self.inner.pool)
+            .fetch_optional(&mut *conn)
             .await?;
-        Ok(Fenced::from_rows(done.rows_affected()))
+        notify_if_watched(&mut conn, key, watched).await
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
@@ -380,7 +433,29 @@ impl Store for PostgresStore {
         let notified = waiter.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        self.inner.ensure_listener();
+        let mut listening = self.inner.ensure_listener();
+        // Mark the record only once the listener listens: a completion committed after the mark
+        // then reaches this process. Until then (or if it cannot listen) the wait is the timeout.
+        if !matches!(
+            tokio::time::timeout_at(deadline, listening.wait_for(|on| *on)).await,
+            Ok(Ok(_))
+        ) {
+            tokio::time::sleep_until(deadline).await;
+            return;
+        }
+        let watch = sqlx::query_scalar::<_, bool>(WATCH)
+            .bind(key.as_bytes().as_slice())
+            .fetch_one(&self.inner.pool);
+        match tokio::time::timeout_at(deadline, watch).await {
+            // No longer running: it changed between the claim and the mark.
+            Ok(Ok(false)) | Err(_) => return,
+            Ok(Ok(true)) => {}
+            Ok(Err(err)) => tracing::debug!(
+                target: "tower_idempotency",
+                error = %err,
+                "marking a record watched failed; waiting for the timeout"
+            ),
+        }
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }
 }
@@ -399,27 +474,106 @@ impl TransactionalStore for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        complete_on(&mut **tx, key, token, response).await
+        complete_on(tx, key, token, response).await
     }
 }
 
-/// [`COMPLETE`] on a pool or inside a transaction. The statement returns one row per record it
-/// completed, so its row count is the fencing result.
-async fn complete_on<'e>(
-    executor: impl sqlx::PgExecutor<'e>,
+/// [`COMPLETE`] on a pooled connection or inside a transaction, then the notification if a
+/// waiter watches the record. The statement returns one row per record it completed, so its
+/// row count is the fencing result.
+async fn complete_on(
+    conn: &mut PgConnection,
     key: &KeyHash,
     token: FencingToken,
     response: &StoredResponse,
 ) -> Result<Fenced, StoreError> {
-    let done = sqlx::query(COMPLETE)
+    let watched: Option<bool> = sqlx::query_scalar(COMPLETE)
         .bind(key.as_bytes().as_slice())
         .bind(token.as_uuid())
         .bind(i32::from(response.status.as_u16()))
         .bind(response.encode_headers())
         .bind(response.body.as_ref())
-        .execute(executor)
+        .fetch_optional(&mut *conn)
         .await?;
-    Ok(Fenced::from_rows(done.rows_affected()))
+    notify_if_watched(conn, key, watched).await
+}
+
+/// The fencing result of a `complete` or `release` that returned `watched` (`None`: the token
+/// did not match), after notifying the waiters of a watched record.
+async fn notify_if_watched(
+    conn: &mut PgConnection,
+    key: &KeyHash,
+    watched: Option<bool>,
+) -> Result<Fenced, StoreError> {
+    match watched {
+        None => Ok(Fenced::Lost),
+        Some(false) => Ok(Fenced::Applied),
+        Some(true) => {
+            sqlx::query(NOTIFY)
+                .bind(CHANNEL)
+                .bind(key.to_hex())
+                .execute(conn)
+                .await?;
+            Ok(Fenced::Applied)
+        }
+    }
+}
+
+impl PostgresStore {
+    /// [`CLAIM_LOCKED`] in the transaction on `conn` (single-commit mode).
+    pub(crate) async fn claim_in(
+        &self,
+        conn: &mut PgConnection,
+        claim: &Claim,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let mut lock_key = [0u8; 8];
+        lock_key.copy_from_slice(&claim.key.as_bytes()[..8]);
+        for _ in 0..CLAIM_ATTEMPTS {
+            let row = sqlx::query(CLAIM_LOCKED)
+                .bind(claim.key.as_bytes().as_slice())
+                .bind(claim.fingerprint.as_bytes().as_slice())
+                .bind(claim.token.as_uuid())
+                .bind(millis(claim.lease))
+                .bind(millis(claim.ttl))
+                .bind(i64::from_be_bytes(lock_key))
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(row) = row {
+                return outcome_of(&row);
+            }
+        }
+        Err(raced())
+    }
+}
+
+/// The outcome in a row of [`CLAIM`] or [`CLAIM_LOCKED`].
+fn outcome_of(row: &sqlx::postgres::PgRow) -> Result<ClaimOutcome, StoreError> {
+    let outcome: &str = row.try_get("outcome")?;
+    match outcome {
+        "claimed" => Ok(ClaimOutcome::Claimed {
+            taken_over: row.try_get("taken_over")?,
+        }),
+        "in_flight" => {
+            let ms: Option<i64> = row.try_get("lease_remaining_ms")?;
+            Ok(ClaimOutcome::InFlight {
+                lease_remaining: remaining(ms),
+            })
+        }
+        "mismatch" => Ok(ClaimOutcome::Mismatch),
+        "done" => Ok(ClaimOutcome::Done(saved_response(
+            row.try_get("status")?,
+            row.try_get("headers")?,
+            row.try_get("body")?,
+        )?)),
+        _ => Err(StoreError::corrupt("the claim returned an unknown outcome")),
+    }
+}
+
+fn raced() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Backend,
+        "the claim kept racing with concurrent inserts",
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -435,27 +589,30 @@ struct ListenerState {
 }
 
 impl Inner {
-    /// Make sure the listener task runs, starting it in the background if needed.
+    /// Make sure the listener task runs, starting it in the background if needed; whether it
+    /// listens.
     ///
-    /// The caller never waits for the connection: a wait that begins before the listener is
-    /// listening is bounded by its timeout like any other. A task that stopped (connection
-    /// refused, pool closed) is restarted at most once per [`LISTENER_RETRY`]; meanwhile waits
-    /// simply last their timeout.
-    fn ensure_listener(&self) {
+    /// The caller never waits for the connection beyond its own deadline: a wait that begins
+    /// before the listener is listening is bounded by its timeout like any other. A task that
+    /// stopped (connection refused, pool closed) is restarted at most once per
+    /// [`LISTENER_RETRY`]; meanwhile waits simply last their timeout.
+    fn ensure_listener(&self) -> watch::Receiver<bool> {
         let mut state = self.listener.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(task) = &state.task {
-            let recent = state
-                .started_at
-                .is_some_and(|at| at.elapsed() < LISTENER_RETRY);
-            if !task.is_finished() || recent {
-                return;
-            }
+        let running = state.task.as_ref().is_some_and(|task| {
+            !task.is_finished()
+                || state
+                    .started_at
+                    .is_some_and(|at| at.elapsed() < LISTENER_RETRY)
+        });
+        if !running {
+            state.task = Some(tokio::spawn(listen(
+                self.pool.clone(),
+                self.waiters.clone(),
+                self.listening.clone(),
+            )));
+            state.started_at = Some(Instant::now());
         }
-        state.task = Some(tokio::spawn(listen(
-            self.pool.clone(),
-            self.waiters.clone(),
-        )));
-        state.started_at = Some(Instant::now());
+        self.listening.subscribe()
     }
 }
 
@@ -471,8 +628,9 @@ impl Drop for Inner {
     }
 }
 
-/// Connect and listen, then receive notifications until the listener fails.
-async fn listen(pool: PgPool, waiters: Arc<Waiters>) {
+/// Connect and listen, then receive notifications until the listener fails; `listening` is
+/// `true` meanwhile.
+async fn listen(pool: PgPool, waiters: Arc<Waiters>, listening: Arc<watch::Sender<bool>>) {
     // A connection of its own, outside the application's pool: a listener holds its connection
     // for good, which would starve a small pool.
     let started = async {
@@ -497,6 +655,7 @@ async fn listen(pool: PgPool, waiters: Arc<Waiters>) {
             return;
         }
     };
+    listening.send_replace(true);
     loop {
         match listener.try_recv().await {
             Ok(Some(notification)) => {
@@ -512,6 +671,7 @@ async fn listen(pool: PgPool, waiters: Arc<Waiters>) {
                     error = %err,
                     "the idempotency notification listener stopped; a later wait restarts it"
                 );
+                listening.send_replace(false);
                 waiters.wake_all();
                 return;
             }

@@ -18,7 +18,21 @@
 //! ```
 //!
 //! Use WAL mode (`journal_mode=WAL`) and a busy timeout, as for any SQLite database written from
-//! several connections. SQLite 3.37 or newer is required (`RETURNING`, `STRICT` tables); the
+//! several connections.
+//!
+//! # Writers
+//!
+//! SQLite runs one writer at a time, and a connection that finds the file locked sleeps in its
+//! busy handler (in growing steps) before it tries again. The store's writes therefore queue in
+//! the process instead, first come first served, on one async lock per store (shared by its
+//! clones): the write of a claim, `complete`, `release`, `renew`, `sweep`, and in
+//! [transactional mode](crate::transaction) the handler's whole transaction, which begins with
+//! `BEGIN IMMEDIATE` (so it holds the write lock from its start and never has to upgrade a read
+//! lock) and holds the queue until it commits or rolls back. Reads (replays, duplicates in
+//! flight, mismatches) do not queue. Writes of the application outside the store and other
+//! processes still meet the file lock and the busy timeout. A handler must not wait, inside its
+//! transaction, for another request through the same store: that request's write would queue
+//! behind the transaction. SQLite 3.37 or newer is required (`RETURNING`, `STRICT` tables); the
 //! bundled library is newer.
 //!
 //! # Atomicity
@@ -62,7 +76,7 @@ use sqlx::{
     sqlite::{Sqlite, SqlitePool},
     Row, SqlSafeStr,
 };
-use tokio::time::Instant;
+use tokio::{sync::Mutex, time::Instant};
 
 pub use sqlx;
 
@@ -200,6 +214,8 @@ pub struct SqliteStore {
 struct Inner {
     pool: SqlitePool,
     waiters: Arc<Waiters>,
+    /// This process's writers, one at a time in arrival order (see the module docs).
+    writers: Arc<Mutex<()>>,
 }
 
 impl SqliteStore {
@@ -209,6 +225,7 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 pool,
                 waiters: Arc::default(),
+                writers: Arc::default(),
             }),
         }
     }
@@ -281,6 +298,7 @@ impl Store for SqliteStore {
         let row = match live {
             Some(row) => row,
             None => {
+                let _writer = self.inner.writers.lock().await;
                 sqlx::query(CLAIM)
                     .bind(claim.key.as_bytes().as_slice())
                     .bind(claim.fingerprint.as_bytes().as_slice())
@@ -318,6 +336,7 @@ impl Store for SqliteStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Fenced, StoreError> {
+        let _writer = self.inner.writers.lock().await;
         let done = sqlx::query(RENEW)
             .bind(key.as_bytes().as_slice())
             .bind(token.as_uuid())
@@ -333,7 +352,10 @@ impl Store for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        let fenced = complete_on(&self.inner.pool, key, token, response).await?;
+        let fenced = {
+            let _writer = self.inner.writers.lock().await;
+            complete_on(&self.inner.pool, key, token, response).await?
+        };
         if fenced.applied() {
             self.inner.waiters.wake(key);
         }
@@ -341,11 +363,14 @@ impl Store for SqliteStore {
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        let done = sqlx::query(RELEASE)
-            .bind(key.as_bytes().as_slice())
-            .bind(token.as_uuid())
-            .execute(&self.inner.pool)
-            .await?;
+        let done = {
+            let _writer = self.inner.writers.lock().await;
+            sqlx::query(RELEASE)
+                .bind(key.as_bytes().as_slice())
+                .bind(token.as_uuid())
+                .execute(&self.inner.pool)
+                .await?
+        };
         let fenced = Fenced::from_rows(done.rows_affected());
         if fenced.applied() {
             self.inner.waiters.wake(key);
@@ -354,6 +379,7 @@ impl Store for SqliteStore {
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
+        let _writer = self.inner.writers.lock().await;
         let done = sqlx::query(SWEEP)
             .bind(i64::from(batch))
             .execute(&self.inner.pool)
@@ -374,8 +400,17 @@ impl Store for SqliteStore {
 impl TransactionalStore for SqliteStore {
     type Database = Sqlite;
 
+    /// Take the write lock at the start: a deferred transaction that reads first and then
+    /// writes must upgrade its lock, and fails with `SQLITE_BUSY` if another connection wrote
+    /// meanwhile.
+    const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
+
     fn pool(&self) -> &SqlitePool {
         &self.inner.pool
+    }
+
+    fn writer_queue(&self) -> Option<Arc<Mutex<()>>> {
+        Some(self.inner.writers.clone())
     }
 
     /// Waiters are woken as soon as the update is made, before the commit: their next claim

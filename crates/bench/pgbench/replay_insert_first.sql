@@ -1,0 +1,65 @@
+-- Replay of a saved answer with the insert-first claim.
+\set k random(1, 10000)
+\set t random(1, 9000000000000000000)
+WITH claimed AS (
+    INSERT INTO idempotency_records AS r
+        (key, fingerprint, token, state, created_at, lease_until, expires_at)
+    VALUES (
+        sha256(int8send(:k::bigint)), sha256('fp'), md5(:t::text)::uuid, 'running', now(),
+        now() + 30000 * interval '1 millisecond',
+        now() + 86400000 * interval '1 millisecond')
+    ON CONFLICT (key) DO NOTHING
+    RETURNING false AS taken_over
+),
+live AS (
+    SELECT l.fingerprint, l.state, l.status, l.headers, l.body, l.lease_until
+    FROM idempotency_records AS l
+    WHERE l.key = sha256(int8send(:k::bigint))
+      AND NOT EXISTS (SELECT FROM claimed)
+      AND l.expires_at > now()
+      AND (l.fingerprint <> sha256('fp') OR l.state = 'done' OR l.lease_until > now())
+),
+reclaimed AS (
+    UPDATE idempotency_records AS r SET
+        fingerprint = sha256('fp'),
+        token       = md5(:t::text)::uuid,
+        state       = 'running',
+        status      = NULL,
+        headers     = NULL,
+        body        = NULL,
+        lease_until = now() + 30000 * interval '1 millisecond',
+        watched     = r.watched AND r.expires_at > now(),
+        created_at  = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at END,
+        expires_at  = CASE WHEN r.expires_at <= now()
+                           THEN now() + 86400000 * interval '1 millisecond'
+                           ELSE r.expires_at END
+    WHERE r.key = sha256(int8send(:k::bigint))
+      AND NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM live)
+      AND (r.expires_at <= now()
+           OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = sha256('fp')))
+    RETURNING r.created_at <> now() AS taken_over
+),
+existing AS (
+    SELECT e.fingerprint, e.state, e.status, e.headers, e.body, e.lease_until
+    FROM idempotency_records AS e
+    WHERE e.key = sha256(int8send(:k::bigint))
+      AND NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM live)
+      AND NOT EXISTS (SELECT FROM reclaimed)
+    FOR SHARE
+),
+found AS (
+    SELECT * FROM live
+    UNION ALL
+    SELECT * FROM existing
+)
+SELECT 'claimed' AS outcome, taken_over, NULL::bigint AS lease_remaining_ms,
+       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
+FROM (SELECT * FROM claimed UNION ALL SELECT * FROM reclaimed) AS won
+UNION ALL
+SELECT CASE WHEN fingerprint <> sha256('fp') THEN 'mismatch'
+            WHEN state = 'done' THEN 'done'
+            ELSE 'in_flight' END,
+       false,
+       greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
+       status, headers, body
+FROM found;

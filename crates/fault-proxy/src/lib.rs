@@ -1,0 +1,558 @@
+//! A TCP proxy for fault-injection tests.
+//!
+//! [`FaultProxy::start`] listens on `127.0.0.1:0` and forwards every connection to a target (a
+//! database, Redis). Point the code under test at [`FaultProxy::addr`] instead of the target,
+//! then, on command:
+//!
+//! | command | effect |
+//! |---|---|
+//! | [`set_latency`](FaultProxy::set_latency) | every chunk from the target waits that long before it is forwarded (one added round-trip delay) |
+//! | [`cut_all`](FaultProxy::cut_all) | every current connection is closed at once, on both sides |
+//! | [`black_hole`](FaultProxy::black_hole) | connections stay open but nothing is forwarded, both ways; new connections are accepted and held silent |
+//! | [`refuse`](FaultProxy::refuse) | the target looks down: current connections are cut and new ones are closed as soon as they are accepted |
+//! | [`restore`](FaultProxy::restore) | forward normally again, no latency; connections that lost bytes in a black hole are cut |
+//! | [`cut_at`](FaultProxy::cut_at) | once: cut the connection that sends a chunk containing a pattern (say `COMMIT`), before the chunk reaches the target or just before its answer comes back |
+//!
+//! Each command is a plain method (no `.await`), so a test can drive the proxy from any thread.
+//! Every task of the proxy stops when it is dropped.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> std::io::Result<()> {
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let target = echo.local_addr()?;
+//! tokio::spawn(async move {
+//!     let (mut socket, _) = echo.accept().await.unwrap();
+//!     let mut buf = [0; 5];
+//!     socket.read_exact(&mut buf).await.unwrap();
+//!     socket.write_all(&buf).await.unwrap();
+//! });
+//!
+//! let proxy = fault_proxy::FaultProxy::start(target).await?;
+//! let mut client = tokio::net::TcpStream::connect(proxy.addr()).await?;
+//! client.write_all(b"hello").await?;
+//! let mut answer = [0; 5];
+//! client.read_exact(&mut answer).await?;
+//! assert_eq!(&answer, b"hello");
+//! # Ok(()) }
+//! ```
+
+use std::{
+    fmt, io,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{tcp::OwnedReadHalf, tcp::OwnedWriteHalf, TcpListener, TcpStream},
+    sync::watch,
+    task::JoinHandle,
+};
+
+/// How many bytes one read forwards at most.
+const CHUNK: usize = 16 * 1024;
+
+/// What the proxy does with traffic right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Forwarding {
+    Pass,
+    BlackHole,
+    Refuse,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct State {
+    forwarding: Forwarding,
+    latency: Duration,
+    /// Bumped by every cut: each connection closes when it sees a new value.
+    cuts: u64,
+}
+
+/// Where [`FaultProxy::cut_at`] cuts the connection that sent the pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutPoint {
+    /// The chunk carrying the pattern never reaches the target.
+    BeforeSending,
+    /// The chunk reaches the target; the target's next answer on that connection is dropped and
+    /// the connection cut. (For a `COMMIT`: the transaction commits, the client never learns it.)
+    BeforeTheAnswer,
+}
+
+/// Counts and the one-shot trigger, shared by the proxy and its tasks.
+#[derive(Debug, Default)]
+struct Counters {
+    open: AtomicUsize,
+    accepted: AtomicUsize,
+    cut: AtomicUsize,
+    trigger: Mutex<Option<(Vec<u8>, CutPoint)>>,
+    fired: AtomicUsize,
+}
+
+impl Counters {
+    /// Take the trigger if `chunk` contains its pattern.
+    fn fire(&self, chunk: &[u8]) -> Option<CutPoint> {
+        let mut trigger = self.trigger.lock().unwrap_or_else(|e| e.into_inner());
+        let (pattern, point) = trigger.as_ref()?;
+        if pattern.is_empty()
+            || !chunk
+                .windows(pattern.len())
+                .any(|w| w == pattern.as_slice())
+        {
+            return None;
+        }
+        let point = *point;
+        *trigger = None;
+        self.fired.fetch_add(1, Ordering::SeqCst);
+        Some(point)
+    }
+}
+
+/// A TCP proxy on `127.0.0.1` whose faults the test controls. See the [crate docs](crate).
+pub struct FaultProxy {
+    addr: SocketAddr,
+    target: SocketAddr,
+    state: watch::Sender<State>,
+    counters: Arc<Counters>,
+    acceptor: JoinHandle<()>,
+}
+
+impl fmt::Debug for FaultProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = *self.state.borrow();
+        f.debug_struct("FaultProxy")
+            .field("addr", &self.addr)
+            .field("target", &self.target)
+            .field("forwarding", &state.forwarding)
+            .field("latency", &state.latency)
+            .field("open_connections", &self.open_connections())
+            .finish()
+    }
+}
+
+impl FaultProxy {
+    /// Listen on `127.0.0.1:0` and forward to `target`. Must be called inside a tokio runtime,
+    /// which runs the proxy's tasks.
+    pub async fn start(target: SocketAddr) -> io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (state, _) = watch::channel(State {
+            forwarding: Forwarding::Pass,
+            latency: Duration::ZERO,
+            cuts: 0,
+        });
+        let counters = Arc::new(Counters::default());
+        let acceptor = tokio::spawn(accept_loop(
+            listener,
+            target,
+            state.clone(),
+            counters.clone(),
+        ));
+        Ok(Self {
+            addr,
+            target,
+            state,
+            counters,
+            acceptor,
+        })
+    }
+
+    /// The address to connect to instead of the target.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address traffic is forwarded to.
+    pub fn target(&self) -> SocketAddr {
+        self.target
+    }
+
+    /// Delay every chunk coming back from the target by `latency` (zero: no delay).
+    pub fn set_latency(&self, latency: Duration) {
+        self.state.send_modify(|s| s.latency = latency);
+    }
+
+    /// Close every current connection, both to the client and to the target. New connections are
+    /// served as before.
+    pub fn cut_all(&self) {
+        self.state.send_modify(|s| s.cuts += 1);
+    }
+
+    /// Keep connections open but forward nothing, either way; accept new connections and keep them
+    /// silent. Bytes sent meanwhile are lost, so [`restore`](Self::restore) cuts those connections.
+    pub fn black_hole(&self) {
+        self.state
+            .send_modify(|s| s.forwarding = Forwarding::BlackHole);
+    }
+
+    /// Make the target look down: cut every current connection and close new ones as soon as they
+    /// are accepted.
+    pub fn refuse(&self) {
+        self.state.send_modify(|s| {
+            s.forwarding = Forwarding::Refuse;
+            s.cuts += 1;
+        });
+    }
+
+    /// Forward normally again, with no latency. Connections that went through a black hole are cut
+    /// (their byte streams have holes).
+    pub fn restore(&self) {
+        self.state.send_modify(|s| {
+            if s.forwarding == Forwarding::BlackHole {
+                s.cuts += 1;
+            }
+            s.forwarding = Forwarding::Pass;
+            s.latency = Duration::ZERO;
+        });
+    }
+
+    /// Once: cut the first connection that sends a chunk containing `pattern`, at `point`. Other
+    /// connections are untouched. Replaces a trigger that has not fired yet.
+    pub fn cut_at(&self, pattern: impl Into<Vec<u8>>, point: CutPoint) {
+        *self
+            .counters
+            .trigger
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((pattern.into(), point));
+    }
+
+    /// How many [`cut_at`](Self::cut_at) triggers have fired.
+    pub fn triggers_fired(&self) -> usize {
+        self.counters.fired.load(Ordering::SeqCst)
+    }
+
+    /// Connections currently open through the proxy.
+    pub fn open_connections(&self) -> usize {
+        self.counters.open.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted since the start (refused ones included).
+    pub fn accepted_connections(&self) -> usize {
+        self.counters.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections closed by a cut, a refusal or a restore since the start.
+    pub fn cut_connections(&self) -> usize {
+        self.counters.cut.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        // The connection tasks see the state sender go away and close.
+        self.acceptor.abort();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    target: SocketAddr,
+    state: watch::Sender<State>,
+    counters: Arc<Counters>,
+) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            // Out of file descriptors or similar: back off instead of spinning.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        counters.accepted.fetch_add(1, Ordering::SeqCst);
+        let watcher = state.subscribe();
+        if watcher.borrow().forwarding == Forwarding::Refuse {
+            counters.cut.fetch_add(1, Ordering::SeqCst);
+            drop(client);
+            continue;
+        }
+        let counters = counters.clone();
+        tokio::spawn(async move {
+            counters.open.fetch_add(1, Ordering::SeqCst);
+            let cut = serve(client, target, watcher, &counters).await;
+            counters.open.fetch_sub(1, Ordering::SeqCst);
+            if cut {
+                counters.cut.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+}
+
+/// Serve one connection until either side closes, or a cut (`true`) or the proxy's drop ends it.
+async fn serve(
+    client: TcpStream,
+    target: SocketAddr,
+    mut watcher: watch::Receiver<State>,
+    counters: &Counters,
+) -> bool {
+    let start = *watcher.borrow_and_update();
+    let traffic = watcher.clone();
+    let closed = async move {
+        loop {
+            if watcher.changed().await.is_err() {
+                return false; // the proxy was dropped
+            }
+            if watcher.borrow_and_update().cuts != start.cuts {
+                return true;
+            }
+        }
+    };
+    let forward = async move {
+        if start.forwarding == Forwarding::BlackHole {
+            // Accepted, never answered.
+            return std::future::pending::<bool>().await;
+        }
+        let Ok(upstream) = TcpStream::connect(target).await else {
+            return false;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = upstream.set_nodelay(true);
+        let (client_read, client_write) = client.into_split();
+        let (upstream_read, upstream_write) = upstream.into_split();
+        let drop_next_answer = AtomicBool::new(false);
+        let outbound = Pump {
+            state: traffic.clone(),
+            counters: Some(counters),
+            drop_next_answer: &drop_next_answer,
+        };
+        let inbound = Pump {
+            state: traffic,
+            counters: None,
+            drop_next_answer: &drop_next_answer,
+        };
+        tokio::select! {
+            cut = outbound.run(client_read, upstream_write) => cut,
+            cut = inbound.run(upstream_read, client_write) => cut,
+        }
+    };
+    tokio::select! {
+        cut = closed => cut,
+        cut = forward => cut,
+    }
+}
+
+/// One direction of a connection: client to target (with `counters`, where triggers fire) or
+/// target to client (delayed by the latency).
+struct Pump<'a> {
+    state: watch::Receiver<State>,
+    counters: Option<&'a Counters>,
+    drop_next_answer: &'a AtomicBool,
+}
+
+impl Pump<'_> {
+    /// Copy chunk by chunk, following the current state: drop chunks in a black hole, delay the
+    /// target's chunks by the latency. Returns `true` when a trigger cut the connection.
+    async fn run(self, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) -> bool {
+        let mut buf = vec![0; CHUNK];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            let inbound = self.counters.is_none();
+            let latency = self.state.borrow().latency;
+            if inbound && !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+            if inbound && self.drop_next_answer.load(Ordering::SeqCst) {
+                return true;
+            }
+            // Judge the black hole after the delay: a chunk in the air when it began is lost.
+            if self.state.borrow().forwarding != Forwarding::Pass {
+                continue;
+            }
+            let fired = self.counters.and_then(|c| c.fire(chunk));
+            if fired == Some(CutPoint::BeforeSending) {
+                return true;
+            }
+            if to.write_all(chunk).await.is_err() {
+                return false;
+            }
+            if fired == Some(CutPoint::BeforeTheAnswer) {
+                self.drop_next_answer.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    /// An echo server that serves every connection until it closes.
+    async fn echo_server() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0; 1024];
+                    while let Ok(n) = socket.read(&mut buf).await {
+                        if n == 0 || socket.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(client: &mut TcpStream, within: Duration) -> io::Result<()> {
+        client.write_all(b"ping").await?;
+        let mut answer = [0; 4];
+        match tokio::time::timeout(within, client.read_exact(&mut answer)).await {
+            Ok(read) => read.map(|_| assert_eq!(&answer, b"ping")),
+            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "no answer")),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn latency_delays_the_answer_and_restore_removes_it() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut client, Duration::from_secs(5))
+            .await
+            .unwrap();
+        proxy.set_latency(Duration::from_millis(300));
+        let started = Instant::now();
+        round_trip(&mut client, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        proxy.restore();
+        let started = Instant::now();
+        round_trip(&mut client, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(started.elapsed() < Duration::from_millis(300));
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_cut_closes_current_connections_and_new_ones_work() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut client, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(proxy.open_connections(), 1);
+        proxy.cut_all();
+        let mut rest = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "the cut connection must end: {read:?}"
+        );
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut fresh, Duration::from_secs(5))
+            .await
+            .unwrap();
+        // The count is taken just after the sockets close, so the client can see the end first.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while proxy.cut_connections() == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(proxy.cut_connections(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_black_hole_forwards_nothing_until_restored() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut old = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut old, Duration::from_secs(5)).await.unwrap();
+        proxy.black_hole();
+        let silent = round_trip(&mut old, Duration::from_millis(200)).await;
+        assert_eq!(silent.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        let mut held = TcpStream::connect(proxy.addr()).await.unwrap();
+        let silent = round_trip(&mut held, Duration::from_millis(200)).await;
+        assert_eq!(silent.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        proxy.restore();
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut fresh, Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn refuse_closes_new_connections_until_restored() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        proxy.refuse();
+        let mut refused = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert!(round_trip(&mut refused, Duration::from_secs(5))
+            .await
+            .is_err());
+        proxy.restore();
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut fresh, Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn cut_at_cuts_once_before_or_after_the_target_receives_the_pattern() {
+        let target = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = FaultProxy::start(target.local_addr().unwrap())
+            .await
+            .unwrap();
+        for point in [CutPoint::BeforeSending, CutPoint::BeforeTheAnswer] {
+            proxy.cut_at("COMMIT", point);
+            let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+            let (mut server, _) = target.accept().await.unwrap();
+            client.write_all(b"BEGIN").await.unwrap();
+            let mut begin = [0; 5];
+            server.read_exact(&mut begin).await.unwrap();
+            client.write_all(b"COMMIT").await.unwrap();
+            match point {
+                CutPoint::BeforeSending => {
+                    let mut received = Vec::new();
+                    let read = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        server.read_to_end(&mut received),
+                    )
+                    .await;
+                    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+                    assert!(received.is_empty(), "the target must not receive COMMIT");
+                }
+                CutPoint::BeforeTheAnswer => {
+                    let mut commit = [0; 6];
+                    server.read_exact(&mut commit).await.unwrap();
+                    assert_eq!(&commit, b"COMMIT");
+                    let _ = server.write_all(b"OK").await;
+                }
+            }
+            let mut answer = Vec::new();
+            let read =
+                tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut answer)).await;
+            assert!(
+                matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+                "{point:?}: {read:?}"
+            );
+            assert!(
+                answer.is_empty(),
+                "{point:?}: the client must not see the answer"
+            );
+        }
+        assert_eq!(proxy.triggers_fired(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn dropping_the_proxy_closes_its_connections() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let addr = proxy.addr();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        round_trip(&mut client, Duration::from_secs(5))
+            .await
+            .unwrap();
+        drop(proxy);
+        let mut rest = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    }
+}

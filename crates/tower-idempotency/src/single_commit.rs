@@ -1,0 +1,143 @@
+//! Single-commit mode (PostgreSQL): the claim, the handler's writes and the saved answer commit
+//! once, in one transaction.
+//!
+//! ```no_run
+//! # #[cfg(feature = "axum")] mod example {
+//! use axum::{routing::post, Router};
+//! use sqlx::Postgres;
+//! use tower_idempotency::{Idempotency, IdempotencyTransaction};
+//!
+//! async fn create_order(tx: IdempotencyTransaction<Postgres>) -> Result<&'static str, String> {
+//!     let mut tx = tx.begin().await.map_err(|e| e.to_string())?; // already open: no round trip
+//!     sqlx::query("INSERT INTO orders (total_cents) VALUES (4000)")
+//!         .execute(&mut **tx)
+//!         .await
+//!         .map_err(|e| e.to_string())?;
+//!     Ok("created") // saved in the same transaction, then one COMMIT
+//! }
+//!
+//! fn app(pool: sqlx::PgPool) -> Router {
+//!     Router::new()
+//!         .route("/orders", post(create_order))
+//!         .route_layer(Idempotency::postgres(pool).transactional_single_commit())
+//! }
+//! # }
+//! ```
+//!
+//! The layer begins the transaction before the handler runs and claims the key inside it,
+//! under a transaction-scoped advisory lock on the key's hash taken without waiting
+//! (`pg_try_advisory_xact_lock`). The lock is the "running" marker: a duplicate that arrives
+//! meanwhile cannot take it and gets 409 at once (it never waits on the uncommitted row); a
+//! committed record is the memory, replayed or answered 422 as in the other modes. The handler
+//! gets the same [`IdempotencyTransaction`] as in [transactional mode](crate::transaction), already
+//! open; the layer saves the answer in it and commits once. A crash anywhere rolls everything
+//! back, claim included, so there is no lease to renew and nothing to release: a retry runs at
+//! once.
+//!
+//! Against [`transactional`](crate::Idempotency::transactional) mode this saves the claim's own
+//! connection checkout and commit (one WAL flush instead of two per first-time key).
+//!
+//! # When to choose it
+//!
+//! - **Yes**: handlers whose work is all in this database (insert the order, update the stock),
+//!   quick from start to end.
+//! - **No**: handlers that call something slow before their writes (a payment provider, another
+//!   service). The transaction, and with it a pooled connection, is open for the whole handler,
+//!   so a slow call holds a connection per request; use transactional mode, whose transaction
+//!   begins only at the handler's first write. Nor for handlers with effects outside the
+//!   database: a rollback cannot undo them, and without a committed claim a retry of a crashed
+//!   attempt runs again at once.
+//!
+//! Details: a duplicate's `Retry-After` is 1 s (there is no lease to estimate from); wait mode
+//! polls every [`WAIT_POLL_INTERVAL`] (an uncommitted claim cannot be
+//! watched); replays and other answers that are not a claim cost a `BEGIN` more than in the other
+//! modes. The advisory lock key is the first 8 bytes of the key's SHA-256 hash: an application
+//! that takes advisory locks of its own on `bigint` keys shares that space (a collision makes a
+//! request wait for nothing and answer 409, never a wrong answer).
+
+use std::{sync::Arc, time::Duration};
+
+use http::Extensions;
+use sqlx::Postgres;
+
+use crate::{
+    config::WAIT_POLL_INTERVAL,
+    key::KeyHash,
+    mode::{Mode, Sealed},
+    store::{
+        postgres::PostgresStore, Claim, ClaimOutcome, Fenced, FencingToken, StoreError,
+        StoredResponse, TransactionalStore,
+    },
+    transaction::IdempotencyTransaction,
+    Transactional,
+};
+
+/// The mode of a layer built with [`Idempotency::transactional_single_commit`](crate::Idempotency::transactional_single_commit).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SingleCommit;
+
+impl Sealed for SingleCommit {}
+
+impl Mode<PostgresStore> for SingleCommit {
+    type Attempt = IdempotencyTransaction<Postgres>;
+    const TRANSACTIONAL: bool = true;
+    const LEASED: bool = false;
+
+    async fn claim(
+        store: &Arc<PostgresStore>,
+        claim: &Claim,
+    ) -> Result<(ClaimOutcome, Option<Self::Attempt>), StoreError> {
+        let tx = TransactionalStore::pool(store.as_ref()).begin().await?;
+        let attempt = IdempotencyTransaction::open(tx);
+        let outcome = {
+            let Some(mut tx) = attempt.open_guard().await else {
+                unreachable!("a transaction opened above is open");
+            };
+            store.claim_in(&mut tx, claim).await?
+        };
+        Ok(match outcome {
+            ClaimOutcome::Claimed { taken_over } => {
+                (ClaimOutcome::Claimed { taken_over }, Some(attempt))
+            }
+            // Another transaction holds the key; there is no lease to estimate from.
+            ClaimOutcome::InFlight { lease_remaining } if lease_remaining.is_zero() => (
+                ClaimOutcome::InFlight {
+                    lease_remaining: WAIT_POLL_INTERVAL,
+                },
+                None,
+            ),
+            // Dropping the attempt rolls the read-only transaction back.
+            other => (other, None),
+        })
+    }
+
+    async fn wait(_: &PostgresStore, _: &KeyHash, pause: Duration) {
+        tokio::time::sleep(pause).await;
+    }
+
+    fn start(
+        _: &Arc<PostgresStore>,
+        extensions: &mut Extensions,
+        claimed: Option<Self::Attempt>,
+    ) -> Self::Attempt {
+        let tx = claimed.expect("single-commit claims return their transaction");
+        extensions.insert(tx.clone());
+        tx
+    }
+
+    async fn finish(
+        store: &PostgresStore,
+        attempt: Self::Attempt,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+        limit: Duration,
+    ) -> Result<Fenced, StoreError> {
+        <Transactional as Mode<PostgresStore>>::finish(store, attempt, key, token, response, limit)
+            .await
+    }
+
+    async fn abandon(attempt: Self::Attempt, limit: Duration) {
+        <Transactional as Mode<PostgresStore>>::abandon(attempt, limit).await;
+    }
+}

@@ -1,0 +1,662 @@
+//! Fault injection: the store is reached through a [`FaultProxy`] that the test turns off, cuts,
+//! slows down or cuts at the `COMMIT`, with a real axum app behind the layer and real PostgreSQL
+//! and Redis behind the proxy.
+//!
+//! | fault | expected |
+//! |---|---|
+//! | store down before the claim | 503 + `Retry-After`, handler not called; recovers by itself |
+//! | connections cut between the work and the save | the save goes through on a new connection: replay |
+//! | store down between the work and the save (standard) | answer sent unsaved; 409 inside the lease, runs again after it (the documented gap) |
+//! | cut before the `COMMIT` reaches PostgreSQL | 503, work rolled back; the retry runs once |
+//! | cut after the `COMMIT`, before its answer | 503, work committed with the answer; the retry replays |
+//! | 2 s latency, 500 ms store timeout (standard and wait mode) | 503 within about the timeout; the pool is whole afterwards |
+//! | 2 s latency from the save in the transaction on | 503 within about the timeout; the work rolls back |
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{
+    body::Bytes,
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::post,
+    Json, Router,
+};
+use fault_proxy::{CutPoint, FaultProxy};
+use serde_json::json;
+use sqlx::{postgres::PgPoolOptions, PgPool, Postgres};
+use tokio::task::JoinHandle;
+use tower_idempotency::{
+    store::{postgres::PostgresStore, redis::RedisStore, Store},
+    Idempotency, IdempotencyKey, IdempotencyTransaction, Mode, REPLAYED_HEADER,
+};
+use tower_idempotency_tests::{fresh_postgres_pool, redis_url, unique_name};
+
+/// The lease of every test layer: short, so the tests that watch it lapse stay short.
+const LEASE: Duration = Duration::from_secs(3);
+/// The store timeout of the latency tests.
+const STORE_TIMEOUT: Duration = Duration::from_millis(500);
+/// The latency those tests add.
+const LATENCY: Duration = Duration::from_secs(2);
+/// How long any request may take before the test fails.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+// ------------------------------------------------------------------------------------------------
+// The app
+// ------------------------------------------------------------------------------------------------
+
+/// What the handlers did, and the proxy they can break from inside.
+#[derive(Debug)]
+struct AppState {
+    executions: Mutex<HashMap<String, usize>>,
+    proxy: Arc<FaultProxy>,
+}
+
+impl AppState {
+    fn execute(&self, key: &IdempotencyKey) -> usize {
+        let mut executions = self.executions.lock().unwrap();
+        let n = executions.entry(key.as_str().to_owned()).or_default();
+        *n += 1;
+        *n
+    }
+
+    fn executions_of(&self, key: &str) -> usize {
+        self.executions
+            .lock()
+            .unwrap()
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+type AppRef = Arc<AppState>;
+
+fn created(execution: usize) -> Response {
+    (StatusCode::CREATED, Json(json!({ "execution": execution }))).into_response()
+}
+
+/// `POST /orders`: the work is counting the execution.
+async fn order(State(state): State<AppRef>, key: IdempotencyKey, _: Bytes) -> Response {
+    created(state.execute(&key))
+}
+
+/// `POST /cut-after-work`: the work, then every store connection is cut before the layer saves.
+async fn cut_after_work(State(state): State<AppRef>, key: IdempotencyKey, _: Bytes) -> Response {
+    let n = state.execute(&key);
+    state.proxy.cut_all();
+    created(n)
+}
+
+/// `POST /down-after-work`: the work, then the store goes down before the layer saves.
+async fn down_after_work(State(state): State<AppRef>, key: IdempotencyKey, _: Bytes) -> Response {
+    let n = state.execute(&key);
+    state.proxy.refuse();
+    created(n)
+}
+
+/// `POST /work` (transactional mode): one row in `work` per execution, in the layer's transaction.
+async fn work_in_transaction(
+    State(state): State<AppRef>,
+    key: IdempotencyKey,
+    tx: IdempotencyTransaction<Postgres>,
+    _: Bytes,
+) -> Response {
+    let n = state.execute(&key);
+    let mut tx = match tx.begin().await {
+        Ok(tx) => tx,
+        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    };
+    let inserted = sqlx::query("INSERT INTO work (idem_key) VALUES ($1)")
+        .bind(key.as_str())
+        .execute(&mut **tx)
+        .await;
+    match inserted {
+        Ok(_) => created(n),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+/// `POST /work-then-slow` (transactional mode): the work, then on the first execution only, the
+/// store turns slow before the layer saves the answer in the transaction and commits.
+async fn work_then_slow(
+    state: State<AppRef>,
+    key: IdempotencyKey,
+    tx: IdempotencyTransaction<Postgres>,
+    body: Bytes,
+) -> Response {
+    let (app, name) = (state.0.clone(), key.as_str().to_owned());
+    let response = work_in_transaction(state, key, tx, body).await;
+    if app.executions_of(&name) == 1 {
+        app.proxy.set_latency(LATENCY);
+    }
+    response
+}
+
+/// The app served on `127.0.0.1:0`; stops when dropped.
+struct Server {
+    addr: SocketAddr,
+    state: AppRef,
+    client: reqwest::Client,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve<St: Store, M: Mode<St>>(
+    layer: Idempotency<St, M>,
+    proxy: Arc<FaultProxy>,
+) -> Server {
+    let state = Arc::new(AppState {
+        executions: Mutex::default(),
+        proxy,
+    });
+    let router = Router::new()
+        .route("/orders", post(order))
+        .route("/cut-after-work", post(cut_after_work))
+        .route("/down-after-work", post(down_after_work))
+        .route("/work", post(work_in_transaction))
+        .route("/work-then-slow", post(work_then_slow))
+        .layer(layer)
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router).await.expect("serve the app");
+    });
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(REQUEST_TIMEOUT)
+        .build()
+        .unwrap();
+    Server {
+        addr,
+        state,
+        client,
+        task,
+    }
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: StatusCode,
+    replayed: bool,
+    retry_after: Option<u64>,
+    elapsed: Duration,
+}
+
+impl Server {
+    async fn post(&self, path: &str, key: &str) -> Reply {
+        let started = Instant::now();
+        let response = self
+            .client
+            .post(format!("http://{}{path}", self.addr))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(r#"{"item":"book"}"#)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path} with key {key} failed: {e}"));
+        let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let replayed = header(REPLAYED_HEADER.as_str()).as_deref() == Some("true");
+        let retry_after = header("retry-after").and_then(|v| v.parse().ok());
+        let _ = response.bytes().await;
+        Reply {
+            status,
+            replayed,
+            retry_after,
+            elapsed: started.elapsed(),
+        }
+    }
+
+    /// Retry `key` until it gets `want` (every other answer must be one a client retries: 409 or
+    /// 503), at most `tries` times, `pause` apart.
+    async fn retry_until(&self, path: &str, key: &str, want: StatusCode, tries: usize) -> Reply {
+        let pause = Duration::from_millis(200);
+        for _ in 0..tries {
+            let reply = self.post(path, key).await;
+            if reply.status == want {
+                return reply;
+            }
+            assert!(
+                matches!(
+                    reply.status,
+                    StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
+                ),
+                "a retry of {key} got {reply:?}"
+            );
+            tokio::time::sleep(pause).await;
+        }
+        panic!("{key} never got {want} in {tries} tries");
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The backends, reached through the proxy
+// ------------------------------------------------------------------------------------------------
+
+/// A migrated PostgreSQL database of its own: `direct` for the test's checks, `proxied` (through
+/// `proxy`) for the layer and the handlers.
+struct Database {
+    direct: PgPool,
+    proxied: PgPool,
+    proxy: Arc<FaultProxy>,
+}
+
+async fn postgres(max_connections: u32) -> Database {
+    let direct = fresh_postgres_pool(4).await;
+    PostgresStore::new(direct.clone())
+        .migrate()
+        .await
+        .expect("migrate");
+    sqlx::query("CREATE TABLE work (id bigserial PRIMARY KEY, idem_key text NOT NULL)")
+        .execute(&direct)
+        .await
+        .unwrap();
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&direct)
+        .await
+        .unwrap();
+    let options = direct.connect_options();
+    let target = format!("{}:{}", options.get_host(), options.get_port());
+    let target = tokio::net::lookup_host(target)
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = Arc::new(FaultProxy::start(target).await.unwrap());
+    let proxied_options = (*options)
+        .clone()
+        .host("127.0.0.1")
+        .port(proxy.addr().port())
+        .database(&database);
+    let proxied = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_lazy_with(proxied_options);
+    Database {
+        direct,
+        proxied,
+        proxy,
+    }
+}
+
+impl Database {
+    async fn layer(&self) -> Idempotency<PostgresStore> {
+        Idempotency::postgres(self.proxied.clone()).with_lease(LEASE)
+    }
+
+    async fn work_rows(&self, key: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM work WHERE idem_key = $1")
+            .bind(key)
+            .fetch_one(&self.direct)
+            .await
+            .unwrap()
+    }
+
+    async fn saved_records(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE state = 'done'")
+            .fetch_one(&self.direct)
+            .await
+            .unwrap()
+    }
+
+    /// Wait until every connection of the proxied pool is back in it, idle.
+    async fn wait_pool_whole(&self, max_connections: u32) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (size, idle) = (self.proxied.size(), self.proxied.num_idle() as u32);
+            assert!(
+                size <= max_connections,
+                "the pool grew past its bound: {size}"
+            );
+            if size == idle {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "connections never came back: {size} open, {idle} idle"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A Redis store under a fresh prefix, through its own proxy.
+async fn redis() -> (Idempotency<RedisStore>, Arc<FaultProxy>) {
+    let url = redis_url();
+    let target = url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let target = tokio::net::lookup_host(target)
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = Arc::new(FaultProxy::start(target).await.unwrap());
+    let client = redis::Client::open(format!("redis://{}", proxy.addr())).unwrap();
+    let store = RedisStore::lazy(client)
+        .unwrap()
+        .with_prefix(unique_name("faults"));
+    (Idempotency::new(store).with_lease(LEASE), proxy)
+}
+
+// ------------------------------------------------------------------------------------------------
+// The faults, written once for any store
+// ------------------------------------------------------------------------------------------------
+
+async fn store_down_before_the_claim(server: &Server, proxy: &FaultProxy) {
+    proxy.refuse();
+    let down = server.post("/orders", "down-1").await;
+    assert_eq!(down.status, StatusCode::SERVICE_UNAVAILABLE, "{down:?}");
+    assert!(down.retry_after.is_some_and(|s| s >= 1), "{down:?}");
+    assert_eq!(
+        server.state.executions_of("down-1"),
+        0,
+        "the handler ran while the store was down"
+    );
+
+    proxy.restore();
+    // No restart: the same app serves once the store answers again.
+    let first = server
+        .retry_until("/orders", "down-1", StatusCode::CREATED, 50)
+        .await;
+    assert!(!first.replayed);
+    let again = server.post("/orders", "down-1").await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert!(again.replayed, "the retry after recovery must be a replay");
+    assert_eq!(server.state.executions_of("down-1"), 1);
+}
+
+async fn cut_between_the_work_and_the_save(server: &Server, proxy: &FaultProxy) {
+    let cuts = proxy.cut_connections();
+    let first = server.post("/cut-after-work", "cut-1").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    assert!(
+        proxy.cut_connections() > cuts,
+        "the handler's cut closed no connection"
+    );
+    let retry = server.post("/cut-after-work", "cut-1").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(
+        retry.replayed,
+        "the save should have gone through on a new connection"
+    );
+    assert_eq!(server.state.executions_of("cut-1"), 1);
+}
+
+async fn store_down_between_the_work_and_the_save(server: &Server, proxy: &FaultProxy) {
+    let started = Instant::now();
+    let first = server.post("/down-after-work", "lost-save-1").await;
+    // The answer is sent though it could not be saved.
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    proxy.restore();
+    // Inside the lease the key is still held: no second execution.
+    let mut conflicts = 0;
+    while started.elapsed() + Duration::from_millis(500) < LEASE {
+        let retry = server.post("/down-after-work", "lost-save-1").await;
+        if started.elapsed() >= LEASE {
+            break; // the lease may have lapsed while the request was in the air
+        }
+        assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+        assert!(retry.retry_after.is_some());
+        conflicts += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(conflicts > 0, "no retry was sent inside the lease");
+    assert_eq!(server.state.executions_of("lost-save-1"), 1);
+    // Standard mode's documented gap: once the lease lapses, the unsaved work runs again
+    // (transactional mode closes it for database work).
+    let after = server
+        .retry_until("/down-after-work", "lost-save-1", StatusCode::CREATED, 20)
+        .await;
+    assert!(!after.replayed);
+    assert_eq!(server.state.executions_of("lost-save-1"), 2);
+    proxy.restore();
+}
+
+async fn latency_beyond_the_store_timeout(server: &Server, proxy: &FaultProxy) -> Vec<String> {
+    proxy.set_latency(LATENCY);
+    let keys: Vec<String> = (0..8).map(|i| format!("slow-{i}")).collect();
+    let replies =
+        futures_util::future::join_all(keys.iter().map(|key| server.post("/orders", key))).await;
+    for reply in &replies {
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
+        assert!(reply.retry_after.is_some(), "{reply:?}");
+        // About the timeout (500 ms): under the latency, which any store answer would take.
+        assert!(
+            reply.elapsed < LATENCY,
+            "a slow store answer took {:?}",
+            reply.elapsed
+        );
+    }
+    for key in &keys {
+        assert_eq!(
+            server.state.executions_of(key),
+            0,
+            "{key} ran while its claim timed out"
+        );
+    }
+    proxy.restore();
+    keys
+}
+
+async fn after_the_latency_every_key_executes_once(server: &Server, keys: &[String]) {
+    // A claim that landed late holds its key until it is released or its lease lapses.
+    let tries = (LEASE.as_millis() / 200 + 20) as usize;
+    for key in keys {
+        server
+            .retry_until("/orders", key, StatusCode::CREATED, tries)
+            .await;
+        assert_eq!(server.state.executions_of(key), 1, "{key}");
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// PostgreSQL
+// ------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_store_down_before_the_claim_is_503_and_recovers() {
+    let db = postgres(4).await;
+    let server = serve(db.layer().await, db.proxy.clone()).await;
+    store_down_before_the_claim(&server, &db.proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_cut_between_the_work_and_the_save_is_saved_on_a_new_connection() {
+    let db = postgres(4).await;
+    let server = serve(db.layer().await, db.proxy.clone()).await;
+    cut_between_the_work_and_the_save(&server, &db.proxy).await;
+    assert_eq!(db.saved_records().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_store_down_between_the_work_and_the_save_runs_nothing_twice_inside_the_lease() {
+    let db = postgres(4).await;
+    let server = serve(db.layer().await, db.proxy.clone()).await;
+    store_down_between_the_work_and_the_save(&server, &db.proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_cut_before_the_commit_rolls_back_and_the_retry_runs_once() {
+    let db = postgres(4).await;
+    let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
+    db.proxy.cut_at("COMMIT", CutPoint::BeforeSending);
+    let first = server.post("/work", "commit-lost").await;
+    assert_eq!(
+        db.proxy.triggers_fired(),
+        1,
+        "no COMMIT went through the proxy"
+    );
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert_eq!(
+        db.work_rows("commit-lost").await,
+        0,
+        "neither: the work rolled back"
+    );
+    assert_eq!(db.saved_records().await, 0);
+
+    let retry = server
+        .retry_until("/work", "commit-lost", StatusCode::CREATED, 30)
+        .await;
+    assert!(!retry.replayed);
+    assert!(server.post("/work", "commit-lost").await.replayed);
+    assert_eq!(db.work_rows("commit-lost").await, 1);
+    assert_eq!(db.saved_records().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_cut_after_the_commit_keeps_both_and_the_retry_replays() {
+    let db = postgres(4).await;
+    let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
+    db.proxy.cut_at("COMMIT", CutPoint::BeforeTheAnswer);
+    let first = server.post("/work", "answer-lost").await;
+    assert_eq!(
+        db.proxy.triggers_fired(),
+        1,
+        "no COMMIT went through the proxy"
+    );
+    // The layer cannot know the COMMIT landed: it answers 503, and its release (fenced on a
+    // running record) leaves the saved answer alone.
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert_eq!(
+        db.work_rows("answer-lost").await,
+        1,
+        "both: the work committed"
+    );
+    assert_eq!(db.saved_records().await, 1, "both: with its answer");
+
+    let retry = server.post("/work", "answer-lost").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(retry.replayed, "the retry must replay the committed answer");
+    assert_eq!(db.work_rows("answer-lost").await, 1);
+    assert_eq!(server.state.executions_of("answer-lost"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_connection() {
+    let max_connections = 4;
+    let db = postgres(max_connections).await;
+    let layer = db.layer().await.with_store_timeout(STORE_TIMEOUT);
+    let server = serve(layer, db.proxy.clone()).await;
+    // Warm the pool so the timeouts hit live connections, not only connection attempts.
+    assert_eq!(
+        server.post("/orders", "warm").await.status,
+        StatusCode::CREATED
+    );
+    let keys = latency_beyond_the_store_timeout(&server, &db.proxy).await;
+    db.wait_pool_whole(max_connections).await;
+    after_the_latency_every_key_executes_once(&server, &keys).await;
+    db.wait_pool_whole(max_connections).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_latency_in_wait_mode_is_503_quickly() {
+    let max_connections = 4;
+    let db = postgres(max_connections).await;
+    let layer = db
+        .layer()
+        .await
+        .with_store_timeout(STORE_TIMEOUT)
+        .wait_for_in_flight(Duration::from_secs(10));
+    let server = serve(layer, db.proxy.clone()).await;
+    assert_eq!(
+        server.post("/orders", "warm").await.status,
+        StatusCode::CREATED
+    );
+    let keys = latency_beyond_the_store_timeout(&server, &db.proxy).await;
+    db.wait_pool_whole(max_connections).await;
+    after_the_latency_every_key_executes_once(&server, &keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_latency_at_the_commit_is_503_quickly_and_the_work_rolls_back() {
+    let max_connections = 4;
+    let db = postgres(max_connections).await;
+    let layer = db
+        .layer()
+        .await
+        .with_store_timeout(STORE_TIMEOUT)
+        .transactional();
+    let server = serve(layer, db.proxy.clone()).await;
+    let first = server.post("/work-then-slow", "slow-commit").await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert!(
+        first.elapsed < LATENCY,
+        "the slow save must time out, not wait: {:?}",
+        first.elapsed
+    );
+    db.proxy.restore();
+    db.wait_pool_whole(max_connections).await;
+    assert_eq!(
+        db.work_rows("slow-commit").await,
+        0,
+        "neither: the work rolled back"
+    );
+    assert_eq!(db.saved_records().await, 0);
+
+    // Its release timed out too: the key frees when the lease lapses, then runs once.
+    let tries = (LEASE.as_millis() / 200 + 20) as usize;
+    let retry = server
+        .retry_until("/work-then-slow", "slow-commit", StatusCode::CREATED, tries)
+        .await;
+    assert!(!retry.replayed);
+    assert_eq!(db.work_rows("slow-commit").await, 1);
+    assert_eq!(db.saved_records().await, 1);
+    db.wait_pool_whole(max_connections).await;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Redis
+// ------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_store_down_before_the_claim_is_503_and_recovers() {
+    let (layer, proxy) = redis().await;
+    let server = serve(layer, proxy.clone()).await;
+    store_down_before_the_claim(&server, &proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_cut_between_the_work_and_the_save_is_saved_on_a_new_connection() {
+    let (layer, proxy) = redis().await;
+    let server = serve(layer, proxy.clone()).await;
+    cut_between_the_work_and_the_save(&server, &proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_store_down_between_the_work_and_the_save_runs_nothing_twice_inside_the_lease() {
+    let (layer, proxy) = redis().await;
+    let server = serve(layer, proxy.clone()).await;
+    store_down_between_the_work_and_the_save(&server, &proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_latency_beyond_the_store_timeout_is_503_quickly() {
+    let (layer, proxy) = redis().await;
+    let server = serve(layer.with_store_timeout(STORE_TIMEOUT), proxy.clone()).await;
+    assert_eq!(
+        server.post("/orders", "warm").await.status,
+        StatusCode::CREATED
+    );
+    let keys = latency_beyond_the_store_timeout(&server, &proxy).await;
+    after_the_latency_every_key_executes_once(&server, &keys).await;
+}
