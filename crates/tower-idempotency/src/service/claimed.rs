@@ -88,21 +88,7 @@ impl<St: Store> ClaimedRun<St> {
         // The handler is done: its duration is recorded without the save that follows.
         drop(running);
 
-        if parts.extensions.get::<NotProcessed>().is_some() {
-            let why = "the handler marked its answer NotProcessed";
-            self.give_up::<M>(mode_state, why).await;
-            return Ok(Response::from_parts(
-                parts,
-                ResponseBody::with_trailers(body, trailers),
-            ));
-        }
-        let policy = &self.config.save;
-        if !policy.should_save_response(parts.status, &parts.headers, &trailers) {
-            let why = format!(
-                "the answer (status {}{}) is not saved",
-                parts.status.as_u16(),
-                grpc_status_note(&parts.headers, &trailers)
-            );
+        if let Some(why) = self.not_to_save(&parts, &trailers) {
             self.give_up::<M>(mode_state, &why).await;
         } else if let Some(rejection) = self.save::<M>(mode_state, &parts, &body, &trailers).await {
             return Ok(reject(rejection));
@@ -110,6 +96,23 @@ impl<St: Store> ClaimedRun<St> {
         Ok(Response::from_parts(
             parts,
             ResponseBody::with_trailers(body, trailers),
+        ))
+    }
+
+    /// Why the answer is not to be saved (the key is released instead), if it is not: the handler
+    /// marked it [`NotProcessed`], or the save policy refuses it.
+    fn not_to_save(&self, parts: &http::response::Parts, trailers: &HeaderMap) -> Option<String> {
+        if parts.extensions.get::<NotProcessed>().is_some() {
+            return Some("the handler marked its answer NotProcessed".to_owned());
+        }
+        let policy = &self.config.save;
+        if policy.should_save_response(parts.status, &parts.headers, trailers) {
+            return None;
+        }
+        Some(format!(
+            "the answer (status {}{}) is not saved",
+            parts.status.as_u16(),
+            grpc_status_note(&parts.headers, trailers)
         ))
     }
 
