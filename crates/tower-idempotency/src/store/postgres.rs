@@ -67,23 +67,20 @@ use std::{
 };
 
 use sqlx::{
-    migrate::{Migration, MigrationType, Migrator},
+    migrate::Migrator,
     postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres},
-    Row, SqlSafeStr,
+    Row,
 };
 use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
 
-use super::sql::{millis, remaining, saved_response, Waiters};
+use super::sql::{self, millis, remaining, saved_response, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
 };
 use crate::key::KeyHash;
-
-/// The table sqlx records applied migrations in, apart from the application's own.
-const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
 
 /// The `NOTIFY` channel `complete` and `release` announce a key's change on.
 const CHANNEL: &str = "tower_idempotency";
@@ -331,24 +328,18 @@ impl PostgresStore {
 }
 
 fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![
-        Migration::new(
+    sql::migrator(&[
+        (
             1,
-            "idempotency records".into(),
-            MigrationType::Simple,
-            include_str!("../../migrations/postgres/0001_idempotency_records.sql").into_sql_str(),
-            false,
+            "idempotency records",
+            include_str!("../../migrations/postgres/0001_idempotency_records.sql"),
         ),
-        Migration::new(
+        (
             2,
-            "watched records".into(),
-            MigrationType::Simple,
-            include_str!("../../migrations/postgres/0002_watched.sql").into_sql_str(),
-            false,
+            "watched records",
+            include_str!("../../migrations/postgres/0002_watched.sql"),
         ),
-    ]);
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+    ])
 }
 
 impl fmt::Debug for PostgresStore {

@@ -4,12 +4,40 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use sqlx::{
+    migrate::{Migration, MigrationType, Migrator},
+    SqlSafeStr,
+};
 
 use super::{StoreError, StoreErrorKind, StoredResponse};
 use crate::key::KeyHash;
 
 /// The per-key wake-ups of the SQL stores.
 pub(super) type Waiters = super::waiters::Waiters<KeyHash>;
+
+/// The table the stores' migrations are tracked in, apart from the application's own.
+const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
+
+/// A migrator over a store's embedded migrations, `(version, description, SQL)` in order,
+/// tracked in [`MIGRATIONS_TABLE`].
+pub(super) fn migrator(migrations: &[(i64, &'static str, &'static str)]) -> Migrator {
+    let migrations = migrations
+        .iter()
+        .map(|&(version, description, sql)| {
+            let sql = sql.into_sql_str();
+            Migration::new(
+                version,
+                description.into(),
+                MigrationType::Simple,
+                sql,
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
 
 /// The longest lease or retention the store writes: 100 years, far beyond any useful setting
 /// and far inside the range of a timestamp.

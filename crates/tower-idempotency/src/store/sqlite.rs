@@ -72,23 +72,20 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use sqlx::{
-    migrate::{MigrateError, Migration, MigrationType, Migrator},
+    migrate::{MigrateError, Migrator},
     sqlite::{Sqlite, SqlitePool},
-    Row, SqlSafeStr,
+    Row,
 };
 use tokio::{sync::Mutex, time::Instant};
 
 pub use sqlx;
 
-use super::sql::{millis, remaining, saved_response, Waiters};
+use super::sql::{self, millis, remaining, saved_response, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
 };
 use crate::key::KeyHash;
-
-/// The table sqlx records applied migrations in, apart from the application's own.
-const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
 
 /// How many times `migrate` runs when another process applied the same migration meanwhile.
 const MIGRATE_ATTEMPTS: usize = 3;
@@ -265,15 +262,11 @@ impl SqliteStore {
 }
 
 fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![Migration::new(
+    sql::migrator(&[(
         1,
-        "idempotency records".into(),
-        MigrationType::Simple,
-        include_str!("../../migrations/sqlite/0001_idempotency_records.sql").into_sql_str(),
-        false,
-    )]);
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+        "idempotency records",
+        include_str!("../../migrations/sqlite/0001_idempotency_records.sql"),
+    )])
 }
 
 impl fmt::Debug for SqliteStore {
