@@ -241,38 +241,8 @@ impl axum_core::response::IntoResponse for Rejection {
     }
 }
 
-/// Rejection of the [`IdempotencyKey`](crate::IdempotencyKey) and `IdempotencyTransaction`
-/// extractors when the request carries no such value: the handler is not behind the layer (or
-/// not behind a transactional one), or the method is not covered. It answers 500, since it is a
-/// wiring mistake in the server, not in the request.
 #[cfg(feature = "axum")]
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("no {what} in the request extensions: {hint}")]
-pub struct MissingExtension {
-    pub(crate) what: &'static str,
-    pub(crate) hint: &'static str,
-}
-
-#[cfg(feature = "axum")]
-impl axum_core::response::IntoResponse for MissingExtension {
-    fn into_response(self) -> axum_core::response::Response {
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": "Server misconfigured",
-            "status": 500,
-            "detail": self.to_string(),
-        });
-        tracing::error!(target: "tower_idempotency", "{self}");
-        let mut response =
-            axum_core::response::Response::new(axum_core::body::Body::from(body.to_string()));
-        *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        response
-    }
-}
+pub use crate::extract::MissingExtension;
 
 #[cfg(test)]
 mod tests {

@@ -251,41 +251,6 @@ impl ScopeFn for AuthorizationScope {
     }
 }
 
-#[cfg(feature = "axum")]
-mod extract {
-    use axum_core::extract::FromRequestParts;
-    use http::request::Parts;
-
-    use super::IdempotencyKey;
-    use crate::error::MissingExtension;
-
-    impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
-        type Rejection = MissingExtension;
-
-        async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-            parts
-                .extensions
-                .get::<IdempotencyKey>()
-                .cloned()
-                .ok_or(MissingExtension {
-                    what: "idempotency key",
-                    hint: "is the handler behind the Idempotency layer, on a covered method? with an optional layer, extract Option<IdempotencyKey>",
-                })
-        }
-    }
-
-    impl<S: Send + Sync> axum_core::extract::OptionalFromRequestParts<S> for IdempotencyKey {
-        type Rejection = std::convert::Infallible;
-
-        async fn from_request_parts(
-            parts: &mut Parts,
-            _: &S,
-        ) -> Result<Option<Self>, Self::Rejection> {
-            Ok(parts.extensions.get::<IdempotencyKey>().cloned())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

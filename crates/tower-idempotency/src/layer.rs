@@ -2,40 +2,20 @@
 
 use std::{fmt, marker::PhantomData, sync::Arc, time::Duration};
 
-use http::{HeaderName, Method, StatusCode};
+use http::{HeaderName, Method};
 use tower_layer::Layer;
 
 use crate::{
+    config::Config,
     fingerprint::{DefaultFingerprint, FingerprintFn},
-    key::{AuthorizationScope, ScopeFn},
+    key::ScopeFn,
     mode::{Mode, Standard},
-    record::{DefaultSavePolicy, SavePolicy},
-    retry_after::{Durations, RetryAfter},
+    record::SavePolicy,
+    retry_after::RetryAfter,
     service::IdempotencyService,
     store::Store,
     sweeper::Sweeper,
 };
-
-/// The header the key is read from by default: `Idempotency-Key`.
-pub const DEFAULT_HEADER_NAME: HeaderName = HeaderName::from_static("idempotency-key");
-/// The largest request body buffered by default: 1 MiB.
-pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
-/// How long a record is kept by default, counted from its claim: 24 hours.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-/// How long a claim stays valid without a heartbeat by default: 30 seconds.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// The methods covered by default: POST and PATCH.
-pub const DEFAULT_METHODS: [Method; 2] = [Method::POST, Method::PATCH];
-/// How long the layer waits for any one store call by default: 5 seconds.
-///
-/// A call that takes longer counts as the store being unavailable (see
-/// [`Idempotency::with_store_timeout`]).
-pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long reading a request body may take by default: 30 seconds.
-pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
-/// In wait mode, the longest pause between two claims when the store's notification does not
-/// arrive (a store without notifications, or one that was missed).
-pub const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// A [`tower::Layer`](tower_layer::Layer) that makes POST and PATCH requests idempotent through
 /// the `Idempotency-Key` header.
@@ -78,60 +58,6 @@ pub struct Idempotency<St, M = Standard> {
     mode: PhantomData<fn() -> M>,
 }
 
-#[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) header: HeaderName,
-    pub(crate) required: bool,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) body_limit: usize,
-    pub(crate) body_timeout: Duration,
-    pub(crate) ttl: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) scope: Arc<dyn ScopeFn>,
-    pub(crate) fingerprint: Arc<dyn FingerprintFn>,
-    pub(crate) save: Arc<dyn SavePolicy>,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) fail_open: bool,
-    pub(crate) store_timeout: Duration,
-    pub(crate) retry_after: RetryAfter,
-    /// Shared by every clone of the layer, so the estimate learns from all of them.
-    pub(crate) durations: Arc<Durations>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            header: DEFAULT_HEADER_NAME,
-            required: true,
-            methods: DEFAULT_METHODS.to_vec(),
-            body_limit: DEFAULT_BODY_LIMIT,
-            body_timeout: DEFAULT_BODY_TIMEOUT,
-            ttl: DEFAULT_TTL,
-            lease: DEFAULT_LEASE,
-            scope: Arc::new(AuthorizationScope),
-            fingerprint: Arc::new(DefaultFingerprint::default()),
-            save: Arc::new(DefaultSavePolicy),
-            wait: None,
-            fail_open: false,
-            store_timeout: DEFAULT_STORE_TIMEOUT,
-            retry_after: RetryAfter::default(),
-            durations: Arc::default(),
-        }
-    }
-}
-
-impl Config {
-    pub(crate) fn covers(&self, method: &Method) -> bool {
-        self.methods.contains(method)
-    }
-
-    /// How often a running claim's lease is renewed: a third of the lease, so two renewals can be
-    /// lost before the lease lapses.
-    pub(crate) fn heartbeat(&self) -> Duration {
-        (self.lease / 3).max(Duration::from_millis(1))
-    }
-}
-
 impl<St: Store> Idempotency<St> {
     /// A layer over `store` with the defaults listed above.
     pub fn new(store: St) -> Self {
@@ -145,21 +71,6 @@ impl<St: Store> Idempotency<St> {
             config: Arc::new(Config::default()),
             mode: PhantomData,
         }
-    }
-}
-
-#[cfg(feature = "memory")]
-impl Idempotency<crate::store::MemoryStore> {
-    /// A layer over a new in-process [`MemoryStore`](crate::store::MemoryStore) of the default
-    /// capacity. Expired records are removed as new ones come in, so no
-    /// [`Sweeper`] is needed.
-    ///
-    /// ```
-    /// let layer = tower_idempotency::Idempotency::memory();
-    /// # let _ = layer;
-    /// ```
-    pub fn memory() -> Self {
-        Self::new(crate::store::MemoryStore::new())
     }
 }
 
@@ -311,7 +222,7 @@ impl<St: Store, M> Idempotency<St, M> {
     /// Decide which handler statuses are saved and replayed. A status that is not saved
     /// releases the key, so the retry runs the handler again.
     ///
-    /// The default saves every status but 408, 425, 429 and 503 (see [`DefaultSavePolicy`]).
+    /// The default saves every status but 408, 425, 429 and 503 (see [`DefaultSavePolicy`](crate::DefaultSavePolicy)).
     ///
     /// ```
     /// use http::StatusCode;
@@ -330,7 +241,7 @@ impl<St: Store, M> Idempotency<St, M> {
     /// `Retry-After`.
     ///
     /// Stores with notifications (memory, PostgreSQL, Redis) wake the waiter when the first
-    /// attempt completes; otherwise it polls every [`WAIT_POLL_INTERVAL`].
+    /// attempt completes; otherwise it polls every [`WAIT_POLL_INTERVAL`](crate::WAIT_POLL_INTERVAL).
     ///
     /// ```
     /// use std::time::Duration;
@@ -374,7 +285,7 @@ impl<St: Store, M> Idempotency<St, M> {
         self.map_config(|c| c.fail_open = true)
     }
 
-    /// Give up on any one store call after `timeout` (default [`DEFAULT_STORE_TIMEOUT`], 5 s) and
+    /// Give up on any one store call after `timeout` (default [`DEFAULT_STORE_TIMEOUT`](crate::DEFAULT_STORE_TIMEOUT), 5 s) and
     /// treat the store as unavailable, instead of letting requests hang on a store that stopped
     /// answering (a black-holed network, a database stuck on a lock, a saturated pool).
     ///
@@ -470,12 +381,6 @@ impl<S, St: Store, M: Mode<St>> Layer<S> for Idempotency<St, M> {
     type Service = IdempotencyService<S, St, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::from_layer(inner, self.clone())
+        IdempotencyService::from_parts(inner, self.store.clone(), self.config.clone())
     }
-}
-
-/// `true` for every status except those that mean "not processed, try again":
-/// 408, 425, 429 and 503.
-pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 425 | 429 | 503)
 }

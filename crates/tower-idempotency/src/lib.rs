@@ -53,7 +53,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
+mod config;
+mod constructors;
 pub mod error;
+#[cfg(feature = "axum")]
+mod extract;
 #[doc = include_str!("../docs/guarantees.md")]
 pub mod guarantees {}
 pub mod fingerprint;
@@ -75,13 +79,14 @@ mod timeout;
 pub mod transaction;
 
 pub use body::{RequestBody, ResponseBody};
+pub use config::{
+    DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS,
+    DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
+};
 pub use error::Rejection;
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyHash, Scope};
-pub use layer::{
-    Idempotency, DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_NAME, DEFAULT_LEASE,
-    DEFAULT_METHODS, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
-};
+pub use layer::Idempotency;
 pub use mode::{Mode, Standard};
 pub use not_processed::NotProcessed;
 #[cfg(feature = "metrics")]

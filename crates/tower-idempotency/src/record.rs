@@ -49,7 +49,7 @@ pub struct DefaultSavePolicy;
 
 impl SavePolicy for DefaultSavePolicy {
     fn should_save(&self, status: StatusCode) -> bool {
-        !crate::layer::is_retryable_status(status)
+        !is_retryable_status(status)
     }
 
     fn should_save_response(
@@ -114,6 +114,12 @@ pub(crate) fn replay<B>(saved: StoredResponse) -> Response<ResponseBody<B>> {
         .headers_mut()
         .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     response
+}
+
+/// `true` for every status except those that mean "not processed, try again":
+/// 408, 425, 429 and 503.
+pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 408 | 425 | 429 | 503)
 }
 
 #[cfg(test)]

@@ -61,8 +61,8 @@ use http::Extensions;
 use sqlx::Postgres;
 
 use crate::{
+    config::WAIT_POLL_INTERVAL,
     key::KeyHash,
-    layer::{Idempotency, WAIT_POLL_INTERVAL},
     mode::{Mode, Sealed},
     store::{
         postgres::PostgresStore, Claim, ClaimOutcome, Fenced, FencingToken, StoreError,
@@ -72,20 +72,11 @@ use crate::{
     Transactional,
 };
 
-/// The mode of a layer built with [`Idempotency::transactional_single_commit`].
+/// The mode of a layer built with [`Idempotency::transactional_single_commit`](crate::Idempotency::transactional_single_commit).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SingleCommit;
 
 impl Sealed for SingleCommit {}
-
-impl Idempotency<PostgresStore> {
-    /// Switch to single-commit mode: the claim, the handler's writes and the saved response
-    /// commit once, in one transaction. For handlers whose work is all in the database; see the
-    /// [module docs](crate::single_commit) for when to choose it.
-    pub fn transactional_single_commit(self) -> Idempotency<PostgresStore, SingleCommit> {
-        self.into_mode()
-    }
-}
 
 impl Mode<PostgresStore> for SingleCommit {
     type Attempt = IdempotencyTransaction<Postgres>;

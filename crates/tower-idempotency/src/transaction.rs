@@ -49,25 +49,16 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::{
     key::KeyHash,
-    layer::Idempotency,
     mode::{Mode, Sealed},
     store::{Fenced, FencingToken, StoreError, StoredResponse, TransactionalStore},
     timeout::bounded,
 };
 
-/// The mode of a layer built with [`Idempotency::transactional`].
+/// The mode of a layer built with [`Idempotency::transactional`](crate::Idempotency::transactional).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Transactional;
 
 impl Sealed for Transactional {}
-
-impl<St: TransactionalStore> Idempotency<St> {
-    /// Switch to transactional mode: the handler gets an [`IdempotencyTransaction`] and its writes
-    /// commit together with the saved response. See the [module docs](crate::transaction).
-    pub fn transactional(self) -> Idempotency<St, Transactional> {
-        self.into_mode()
-    }
-}
 
 enum TxState<DB: sqlx::Database> {
     NotBegun(Begin<DB>),
@@ -262,7 +253,7 @@ mod extract {
     use http::request::Parts;
 
     use super::IdempotencyTransaction;
-    use crate::error::MissingExtension;
+    use crate::extract::MissingExtension;
 
     impl<S: Send + Sync, DB: sqlx::Database> FromRequestParts<S> for IdempotencyTransaction<DB> {
         type Rejection = MissingExtension;

@@ -1,7 +1,8 @@
 //! The SQL the handlers run, for PostgreSQL and SQLite.
 //!
 //! The statements are the same text for both (`$N` placeholders work in each); only the sqlx
-//! types differ, so one macro writes both implementations.
+//! types differ, so one macro writes both implementations. The idempotency layer itself is built
+//! in plain view, once per database, in `postgres_app` and `sqlite_app` (lib.rs).
 //!
 //! Why not one runtime-chosen store (`tower_idempotency::store::DynStore`, used by
 //! [`crate::sweeper`])? Transactional mode hands the handler a transaction of the database's own
@@ -13,7 +14,7 @@ use std::future::Future;
 use sqlx::{Pool, Row};
 use tower_idempotency::{
     store::{postgres::PostgresStore, sqlite::SqliteStore, TransactionalStore},
-    Idempotency, IdempotencyTransaction,
+    IdempotencyTransaction,
 };
 
 use crate::routes::Order;
@@ -33,9 +34,6 @@ const PING: &str = "SELECT 1";
 pub(crate) trait Backend: sqlx::Database {
     /// The idempotency store on this database.
     type Store: TransactionalStore<Database = Self>;
-
-    /// The idempotency layer over `pool`.
-    fn idempotency(pool: Pool<Self>) -> Idempotency<Self::Store>;
 
     /// Insert `order` inside the idempotency transaction (begun here, on first use).
     fn insert_order(
@@ -60,13 +58,9 @@ pub(crate) trait Backend: sqlx::Database {
 }
 
 macro_rules! backend {
-    ($db:ty, $store:ty, $layer:ident, $row:ty) => {
+    ($db:ty, $store:ty, $row:ty) => {
         impl Backend for $db {
             type Store = $store;
-
-            fn idempotency(pool: Pool<Self>) -> Idempotency<Self::Store> {
-                Idempotency::$layer(pool)
-            }
 
             async fn insert_order(
                 tx: &IdempotencyTransaction<Self>,
@@ -133,10 +127,5 @@ fn order_from_row(row: &impl OrderRow) -> Result<Order, sqlx::Error> {
     row.order()
 }
 
-backend!(
-    sqlx::Postgres,
-    PostgresStore,
-    postgres,
-    sqlx::postgres::PgRow
-);
-backend!(sqlx::Sqlite, SqliteStore, sqlite, sqlx::sqlite::SqliteRow);
+backend!(sqlx::Postgres, PostgresStore, sqlx::postgres::PgRow);
+backend!(sqlx::Sqlite, SqliteStore, sqlx::sqlite::SqliteRow);

@@ -48,7 +48,7 @@ use sqlx::{
 use tokio::sync::Semaphore;
 use tower_idempotency::{
     store::{postgres::PostgresStore, sqlite::SqliteStore, DynStore},
-    Idempotency, Sweeper,
+    Idempotency, Sweeper, Transactional,
 };
 
 mod backend;
@@ -211,9 +211,29 @@ fn migrator(sql: &'static str) -> Migrator {
 /// The tables must exist: call [`Db::migrate`] first.
 pub fn app(db: Db, config: Config) -> Router {
     match db {
-        Db::Postgres(pool) => router::<Postgres>(pool, &config),
-        Db::Sqlite(pool) => router::<Sqlite>(pool, &config),
+        Db::Postgres(pool) => postgres_app(pool, &config),
+        Db::Sqlite(pool) => sqlite_app(pool, &config),
     }
+}
+
+/// The orders API on PostgreSQL.
+fn postgres_app(pool: Pool<Postgres>, config: &Config) -> Router {
+    let idempotency = Idempotency::postgres(pool.clone())
+        .with_lease(config.lease)
+        .with_ttl(config.ttl)
+        .with_body_timeout(config.body_timeout)
+        .transactional();
+    router(pool, idempotency, config)
+}
+
+/// The orders API on SQLite.
+fn sqlite_app(pool: Pool<Sqlite>, config: &Config) -> Router {
+    let idempotency = Idempotency::sqlite(pool.clone())
+        .with_lease(config.lease)
+        .with_ttl(config.ttl)
+        .with_body_timeout(config.body_timeout)
+        .transactional();
+    router(pool, idempotency, config)
 }
 
 /// Start the background task that deletes expired idempotency records every [`SWEEP_EVERY`].
@@ -223,12 +243,11 @@ pub fn sweeper(db: &Db) -> Sweeper {
 }
 
 /// One router for either database: only the SQL behind [`backend::Backend`] differs.
-fn router<B: backend::Backend>(pool: Pool<B>, config: &Config) -> Router {
-    let idempotency = B::idempotency(pool.clone())
-        .with_lease(config.lease)
-        .with_ttl(config.ttl)
-        .with_body_timeout(config.body_timeout)
-        .transactional();
+fn router<B: backend::Backend>(
+    pool: Pool<B>,
+    idempotency: Idempotency<B::Store, Transactional>,
+    config: &Config,
+) -> Router {
     // Outside the idempotency layer: a request waiting here has not had its body read yet, so
     // memory for bodies is bounded by the permits.
     let order_permits = Arc::new(Semaphore::new(config.max_in_flight_orders));

@@ -9,7 +9,8 @@ use std::{
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
-    Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
+    waiters::lock, Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind,
+    StoredResponse,
 };
 use crate::{fingerprint::Fingerprint, key::KeyHash};
 
@@ -198,14 +199,6 @@ impl MemoryStore {
         changed.notify_waiters();
         Fenced::from_rows(applied as u64)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock cannot leave a record half-written (every write is a single
-    // insert or field assignment), so a poisoned lock is safe to keep using.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl std::fmt::Debug for MemoryStore {

@@ -37,6 +37,8 @@ pub mod redis;
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(any(feature = "memory", feature = "sqlx", feature = "redis"))]
+mod waiters;
 
 /// A fencing token: issued by every successful claim, required by every later write.
 ///

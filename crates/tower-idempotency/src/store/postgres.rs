@@ -67,23 +67,20 @@ use std::{
 };
 
 use sqlx::{
-    migrate::{Migration, MigrationType, Migrator},
+    migrate::Migrator,
     postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres},
-    Row, SqlSafeStr,
+    Row,
 };
 use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
 
-use super::sql::{millis, remaining, saved_response, Waiters};
+use super::sql::{self, millis, remaining, saved_response, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
 };
-use crate::{key::KeyHash, Idempotency};
-
-/// The table sqlx records applied migrations in, apart from the application's own.
-const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
+use crate::key::KeyHash;
 
 /// The `NOTIFY` channel `complete` and `release` announce a key's change on.
 const CHANNEL: &str = "tower_idempotency";
@@ -331,24 +328,18 @@ impl PostgresStore {
 }
 
 fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![
-        Migration::new(
+    sql::migrator(&[
+        (
             1,
-            "idempotency records".into(),
-            MigrationType::Simple,
-            include_str!("../../migrations/postgres/0001_idempotency_records.sql").into_sql_str(),
-            false,
+            "idempotency records",
+            include_str!("../../migrations/postgres/0001_idempotency_records.sql"),
         ),
-        Migration::new(
+        (
             2,
-            "watched records".into(),
-            MigrationType::Simple,
-            include_str!("../../migrations/postgres/0002_watched.sql").into_sql_str(),
-            false,
+            "watched records",
+            include_str!("../../migrations/postgres/0002_watched.sql"),
         ),
-    ]);
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+    ])
 }
 
 impl fmt::Debug for PostgresStore {
@@ -574,27 +565,6 @@ fn raced() -> StoreError {
         StoreErrorKind::Backend,
         "the claim kept racing with concurrent inserts",
     )
-}
-
-impl Idempotency<PostgresStore> {
-    /// A layer over a [`PostgresStore`] on `pool`.
-    ///
-    /// The table must exist: call [`PostgresStore::migrate`] first, or run the schema in the
-    /// [module docs](crate::store::postgres) with your own migrations.
-    ///
-    /// ```no_run
-    /// use tower_idempotency::{store::postgres::sqlx::PgPool, Idempotency};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = PgPool::connect("postgres://postgres@localhost/app").await?;
-    /// let layer = Idempotency::postgres(pool);
-    /// # let _ = layer;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn postgres(pool: PgPool) -> Self {
-        Self::new(PostgresStore::new(pool))
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,73 +1,42 @@
 //! What the PostgreSQL and SQLite stores share: per-key wake-ups for wait mode and the
 //! conversions between the layer's types and the SQL columns.
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, PoisonError},
-    time::Duration,
-};
+use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::Notify;
+use sqlx::{
+    migrate::{Migration, MigrationType, Migrator},
+    SqlSafeStr,
+};
 
 use super::{StoreError, StoreErrorKind, StoredResponse};
 use crate::key::KeyHash;
 
-/// Per-key wake-ups for the waiters of this process. An entry lives while someone waits on it.
-#[derive(Debug, Default)]
-pub(super) struct Waiters {
-    map: Mutex<HashMap<KeyHash, (Arc<Notify>, usize)>>,
-}
+/// The per-key wake-ups of the SQL stores.
+pub(super) type Waiters = super::waiters::Waiters<KeyHash>;
 
-impl Waiters {
-    pub(super) fn register(self: &Arc<Self>, key: KeyHash) -> Waiter {
-        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = map.entry(key).or_insert_with(|| (Arc::default(), 0));
-        entry.1 += 1;
-        Waiter {
-            notify: entry.0.clone(),
-            key,
-            waiters: self.clone(),
-        }
-    }
+/// The table the stores' migrations are tracked in, apart from the application's own.
+const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
 
-    pub(super) fn wake(&self, key: &KeyHash) {
-        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((notify, _)) = map.get(key) {
-            notify.notify_waiters();
-        }
-    }
-
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(super) fn wake_all(&self) {
-        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        for (notify, _) in map.values() {
-            notify.notify_waiters();
-        }
-    }
-}
-
-/// One registered waiter; unregisters on drop.
-pub(super) struct Waiter {
-    pub(super) notify: Arc<Notify>,
-    key: KeyHash,
-    waiters: Arc<Waiters>,
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        let mut map = self
-            .waiters
-            .map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = map.get_mut(&self.key) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                map.remove(&self.key);
-            }
-        }
-    }
+/// A migrator over a store's embedded migrations, `(version, description, SQL)` in order,
+/// tracked in [`MIGRATIONS_TABLE`].
+pub(super) fn migrator(migrations: &[(i64, &'static str, &'static str)]) -> Migrator {
+    let migrations = migrations
+        .iter()
+        .map(|&(version, description, sql)| {
+            let sql = sql.into_sql_str();
+            Migration::new(
+                version,
+                description.into(),
+                MigrationType::Simple,
+                sql,
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
 }
 
 /// The longest lease or retention the store writes: 100 years, far beyond any useful setting
@@ -127,18 +96,5 @@ mod tests {
         assert_eq!(err.kind(), StoreErrorKind::Corrupt);
         let ok = saved_response(Some(201), Some(b"x-a: 1\n".to_vec()), Some(b"hi".to_vec()));
         assert_eq!(ok.unwrap().status, http::StatusCode::CREATED);
-    }
-
-    #[test]
-    fn waiters_are_removed_when_the_last_one_leaves() {
-        let waiters = Arc::new(Waiters::default());
-        let key = KeyHash([1; 32]);
-        let a = waiters.register(key);
-        let b = waiters.register(key);
-        assert!(Arc::ptr_eq(&a.notify, &b.notify));
-        drop(a);
-        assert_eq!(waiters.map.lock().unwrap().len(), 1);
-        drop(b);
-        assert!(waiters.map.lock().unwrap().is_empty());
     }
 }

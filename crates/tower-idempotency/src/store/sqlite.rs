@@ -37,9 +37,11 @@
 //!
 //! # Atomicity
 //!
-//! Every operation is one SQL statement, and SQLite runs one writing statement at a time. A claim
-//! is one `INSERT .. ON CONFLICT (key) DO UPDATE .. RETURNING ..` that decides every outcome and
-//! returns the record as it stands afterwards, claimed or not. Time is SQLite's clock
+//! Every write is one SQL statement, and SQLite runs one writing statement at a time. A claim
+//! runs at most two: a read-only `SELECT` answers the common losing cases (replays, duplicates
+//! in flight, mismatches) without a write; otherwise one `INSERT .. ON CONFLICT (key) DO UPDATE ..
+//! RETURNING ..` decides every outcome and returns the record as it stands afterwards, claimed or
+//! not (a record that changed between the two is judged by that second statement alone). Time is SQLite's clock
 //! (`julianday('now')`), in milliseconds since the Unix epoch, never the application's.
 //!
 //! # Migrations
@@ -70,23 +72,20 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use sqlx::{
-    migrate::{MigrateError, Migration, MigrationType, Migrator},
+    migrate::{MigrateError, Migrator},
     sqlite::{Sqlite, SqlitePool},
-    Row, SqlSafeStr,
+    Row,
 };
 use tokio::{sync::Mutex, time::Instant};
 
 pub use sqlx;
 
-use super::sql::{millis, remaining, saved_response, Waiters};
+use super::sql::{self, millis, remaining, saved_response, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
 };
-use crate::{key::KeyHash, Idempotency};
-
-/// The table sqlx records applied migrations in, apart from the application's own.
-const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
+use crate::key::KeyHash;
 
 /// How many times `migrate` runs when another process applied the same migration meanwhile.
 const MIGRATE_ATTEMPTS: usize = 3;
@@ -263,15 +262,11 @@ impl SqliteStore {
 }
 
 fn migrator() -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![Migration::new(
+    sql::migrator(&[(
         1,
-        "idempotency records".into(),
-        MigrationType::Simple,
-        include_str!("../../migrations/sqlite/0001_idempotency_records.sql").into_sql_str(),
-        false,
-    )]);
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+        "idempotency records",
+        include_str!("../../migrations/sqlite/0001_idempotency_records.sql"),
+    )])
 }
 
 impl fmt::Debug for SqliteStore {
@@ -445,27 +440,6 @@ async fn complete_on<'e>(
         .execute(executor)
         .await?;
     Ok(Fenced::from_rows(done.rows_affected()))
-}
-
-impl Idempotency<SqliteStore> {
-    /// A layer over a [`SqliteStore`] on `pool`.
-    ///
-    /// The table must exist: call [`SqliteStore::migrate`] first, or run the schema in the
-    /// [module docs](crate::store::sqlite) with your own migrations.
-    ///
-    /// ```no_run
-    /// use tower_idempotency::{store::sqlite::sqlx::SqlitePool, Idempotency};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = SqlitePool::connect("sqlite://app.db?mode=rwc").await?;
-    /// let layer = Idempotency::sqlite(pool);
-    /// # let _ = layer;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn sqlite(pool: SqlitePool) -> Self {
-        Self::new(SqliteStore::new(pool))
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use std::{
     fmt,
     future::Future,
-    panic::AssertUnwindSafe,
+    marker::PhantomData,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -11,7 +11,6 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures_util::FutureExt;
 use http::{header::CONTENT_LENGTH, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -21,22 +20,24 @@ use tracing::Instrument;
 
 use crate::{
     body::ResponseBody,
+    config::{Config, WAIT_POLL_INTERVAL},
     error::Rejection,
     fingerprint::Fingerprint,
     key::{IdempotencyKey, KeyHash},
-    layer::{Config, Idempotency, WAIT_POLL_INTERVAL},
     mode::{Mode, Standard},
-    not_processed::NotProcessed,
     observe::{self, Outcome, RequestRecord},
     record,
-    retry_after::Running,
-    store::{
-        Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind,
-        StoredResponse,
-    },
+    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind},
     timeout::bounded,
     BoxError, RequestBody,
 };
+
+mod claimed;
+mod finish_on_drop;
+mod heartbeat;
+
+use claimed::ClaimedRun;
+use finish_on_drop::FinishOnDrop;
 
 /// How long a client is told to wait when the store is unavailable.
 const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -57,10 +58,10 @@ fn store_rejection(err: &StoreError) -> Rejection {
     }
 }
 
-/// The middleware produced by [`Idempotency`]. See the crate docs for the request flow.
+/// The middleware produced by [`Idempotency`](crate::Idempotency). See the crate docs for the request flow.
 pub struct IdempotencyService<S, St, M = Standard> {
     inner: S,
-    layer: Idempotency<St, M>,
+    layer: Shared<St, M>,
 }
 
 impl<S, St: Store> IdempotencyService<S, St> {
@@ -76,12 +77,34 @@ impl<S, St: Store> IdempotencyService<S, St> {
     /// # let _ = service;
     /// ```
     pub fn new(inner: S, store: St) -> Self {
-        Self::from_layer(inner, Idempotency::new(store))
+        Self::from_parts(inner, Arc::new(store), Arc::new(Config::default()))
+    }
+}
+
+/// What every request through one service shares: the store and the settings.
+pub(crate) struct Shared<St, M> {
+    pub(crate) store: Arc<St>,
+    pub(crate) config: Arc<Config>,
+    mode: PhantomData<fn() -> M>,
+}
+
+impl<St, M> Clone for Shared<St, M> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            config: self.config.clone(),
+            mode: PhantomData,
+        }
     }
 }
 
 impl<S, St, M> IdempotencyService<S, St, M> {
-    pub(crate) fn from_layer(inner: S, layer: Idempotency<St, M>) -> Self {
+    pub(crate) fn from_parts(inner: S, store: Arc<St>, config: Arc<Config>) -> Self {
+        let layer = Shared {
+            store,
+            config,
+            mode: PhantomData,
+        };
         Self { inner, layer }
     }
 
@@ -114,8 +137,9 @@ impl<S: fmt::Debug, St: fmt::Debug, M> fmt::Debug for IdempotencyService<S, St, 
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyService")
             .field("inner", &self.inner)
-            .field("layer", &self.layer)
-            .finish()
+            .field("store", &self.layer.store)
+            .field("mode", &std::any::type_name::<M>())
+            .finish_non_exhaustive()
     }
 }
 
@@ -212,7 +236,7 @@ fn reject<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
 /// A covered request, inside its span; its final outcome is counted when the record drops.
 async fn handle<S, St, M, ReqBody, ResBody>(
     inner: S,
-    layer: Idempotency<St, M>,
+    layer: Shared<St, M>,
     req: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -238,11 +262,11 @@ where
     result
 }
 
-/// The request flow for a covered method: key, body, fingerprint, claim, then one of the four
-/// outcomes.
+/// The request flow for a covered method (DESIGN.md's order): prepare the request (key, body,
+/// fingerprint), claim the key, respond to the claim's outcome.
 async fn guard<S, St, M, ReqBody, ResBody>(
     inner: S,
-    layer: Idempotency<St, M>,
+    layer: Shared<St, M>,
     req: Request<ReqBody>,
     record: Arc<RequestRecord>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
@@ -258,17 +282,9 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let config = &layer.config;
     let (parts, body) = req.into_parts();
-
-    let key = match IdempotencyKey::from_headers(&parts.headers, &config.header) {
+    let key = match read_key(&layer.config, &parts.headers) {
         Ok(Some(key)) => key,
-        Ok(None) if config.required => {
-            record.finish(Outcome::Rejected, &"no idempotency key: 400");
-            return Ok(reject(Rejection::MissingKey {
-                header: display_name(&config.header),
-            }));
-        }
         Ok(None) => {
             record.finish(
                 Outcome::NoKey,
@@ -276,147 +292,294 @@ where
             );
             return pass_through(inner, Request::from_parts(parts, RequestBody::new(body))).await;
         }
-        Err(reason) => {
-            record.finish(Outcome::Rejected, &"invalid idempotency key: 400");
-            return Ok(reject(Rejection::InvalidKey {
+        Err(refusal) => return Ok(refusal.answer(&record)),
+    };
+    let prepared = match prepare(&layer.config, parts, body, key).await {
+        Ok(prepared) => prepared,
+        Err(refusal) => return Ok(refusal.answer(&record)),
+    };
+    record.key(&prepared.key_hash);
+
+    let token = FencingToken::new();
+    let outcome = claim(&layer, prepared.key_hash, prepared.fingerprint, token).await;
+    respond(inner, layer, prepared, token, outcome, record).await
+}
+
+/// A request the layer answers itself before claiming anything: the answer and its log line.
+struct Refusal {
+    rejection: Rejection,
+    note: &'static str,
+}
+
+impl Refusal {
+    fn answer<B>(self, record: &RequestRecord) -> Response<ResponseBody<B>> {
+        record.finish(Outcome::Rejected, &self.note);
+        reject(self.rejection)
+    }
+}
+
+/// The key from its header: `None` when absent and the layer lets such requests through.
+fn read_key(config: &Config, headers: &http::HeaderMap) -> Result<Option<IdempotencyKey>, Refusal> {
+    match IdempotencyKey::from_headers(headers, &config.header) {
+        Ok(Some(key)) => Ok(Some(key)),
+        Ok(None) if config.required => Err(Refusal {
+            rejection: Rejection::MissingKey {
+                header: display_name(&config.header),
+            },
+            note: "no idempotency key: 400",
+        }),
+        Ok(None) => Ok(None),
+        Err(reason) => Err(Refusal {
+            rejection: Rejection::InvalidKey {
                 header: display_name(&config.header),
                 reason,
-            }));
-        }
-    };
+            },
+            note: "invalid idempotency key: 400",
+        }),
+    }
+}
 
-    let too_large = Rejection::BodyTooLarge {
+/// A keyed request ready to claim: its body buffered, its key scoped, its fingerprint taken.
+struct Prepared {
+    parts: http::request::Parts,
+    bytes: Bytes,
+    key: IdempotencyKey,
+    key_hash: KeyHash,
+    fingerprint: Fingerprint,
+}
+
+/// Buffer the body, scope the key, fingerprint the request.
+async fn prepare<B>(
+    config: &Config,
+    parts: http::request::Parts,
+    body: B,
+    key: IdempotencyKey,
+) -> Result<Prepared, Refusal>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let bytes = read_body(config, &parts.headers, body).await?;
+    let key_hash = key.scoped_hash(&config.scope.scope(&parts));
+    let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
+    Ok(Prepared {
+        parts,
+        bytes,
+        key,
+        key_hash,
+        fingerprint,
+    })
+}
+
+/// The whole body, up to the limit (413 over it, refused from `Content-Length` when it says so).
+async fn read_body<B>(config: &Config, headers: &http::HeaderMap, body: B) -> Result<Bytes, Refusal>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let too_large = || Rejection::BodyTooLarge {
         limit: config.body_limit,
     };
-    let declared_len = parts
-        .headers
+    let declared_len = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared_len.is_some_and(|len| len > config.body_limit as u64) {
-        record.finish(
-            Outcome::Rejected,
-            &"the declared body is over the limit: 413",
-        );
-        return Ok(reject(too_large));
+        return Err(Refusal {
+            rejection: too_large(),
+            note: "the declared body is over the limit: 413",
+        });
     }
     let read = Limited::new(body, config.body_limit).collect();
-    let bytes = match tokio::time::timeout(config.body_timeout, read).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(err)) if err.is::<LengthLimitError>() => {
-            record.finish(Outcome::Rejected, &"the body is over the limit: 413");
-            return Ok(reject(too_large));
-        }
-        Ok(Err(_)) => {
-            record.finish(Outcome::Rejected, &"the body could not be read: 400");
-            return Ok(reject(Rejection::UnreadableBody));
-        }
-        Err(_elapsed) => {
-            record.finish(
-                Outcome::Rejected,
-                &"the body did not arrive within the body timeout: 408",
-            );
-            return Ok(reject(Rejection::BodyTimeout {
+    match tokio::time::timeout(config.body_timeout, read).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(err)) if err.is::<LengthLimitError>() => Err(Refusal {
+            rejection: too_large(),
+            note: "the body is over the limit: 413",
+        }),
+        Ok(Err(_)) => Err(Refusal {
+            rejection: Rejection::UnreadableBody,
+            note: "the body could not be read: 400",
+        }),
+        Err(_elapsed) => Err(Refusal {
+            rejection: Rejection::BodyTimeout {
                 timeout: config.body_timeout,
-            }));
-        }
-    };
-
-    let key_hash = key.scoped_hash(&config.scope.scope(&parts));
-    let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
-    record.key(&key_hash);
-    let path = parts.uri.path().to_owned();
-
-    {
-        let token = FencingToken::new();
-        match claim(&layer, key_hash, fingerprint, token).await {
-            Ok((ClaimOutcome::Claimed { taken_over }, claimed)) => {
-                if taken_over {
-                    observe::record(
-                        Outcome::TakenOver,
-                        &"a lapsed lease was taken over; the handler runs again",
-                    );
-                } else {
-                    observe::record(Outcome::Claimed, &"key claimed; the handler runs");
-                }
-                let mut parts = parts;
-                parts.extensions.insert(key);
-                let attempt = M::start(&layer.store, &mut parts.extensions, claimed);
-                let req = Request::from_parts(parts, RequestBody::buffered(bytes));
-                let run = Attempt {
-                    store: layer.store.clone(),
-                    config: layer.config.clone(),
-                    key: key_hash,
-                    token,
-                    leased: M::LEASED,
-                    path: path.clone(),
-                    record: record.clone(),
-                };
-                // If the client disconnects and this future is dropped, the attempt is handed to
-                // the runtime: the handler runs to the end and its answer is recorded.
-                FinishOnDrop::new(
-                    run.execute::<S, M, RequestBody<ReqBody>, ResBody>(inner, req, attempt)
-                        .in_current_span(),
-                )
-                .await
-            }
-            Ok((ClaimOutcome::InFlight { lease_remaining }, _)) => {
-                record.finish(
-                    Outcome::InFlight,
-                    &"the first attempt is still running: 409",
-                );
-                let retry_after = layer.config.durations.retry_after(
-                    layer.config.retry_after,
-                    &key_hash,
-                    &path,
-                    lease_remaining,
-                );
-                Ok(reject(Rejection::InFlight { retry_after }))
-            }
-            Ok((ClaimOutcome::Mismatch, _)) => {
-                record.finish(
-                    Outcome::Mismatch,
-                    &"the key was first used for a different request: 422",
-                );
-                Ok(reject(Rejection::KeyReused))
-            }
-            Ok((ClaimOutcome::Done(saved), _)) => {
-                record.finish(Outcome::Replayed, &"replaying the saved answer");
-                Ok(record::replay(saved))
-            }
-            Err(err) if layer.config.fail_open => {
-                record.finish(
-                    Outcome::FailOpen,
-                    &format_args!(
-                        "store failed ({}); calling the handler without idempotency (fail-open)",
-                        observe::Chain(&err)
-                    ),
-                );
-                pass_through(
-                    inner,
-                    Request::from_parts(parts, RequestBody::buffered(bytes)),
-                )
-                .await
-            }
-            Err(err) => {
-                let rejection = store_rejection(&err);
-                record.finish(
-                    Outcome::StoreError,
-                    &format_args!(
-                        "store failed: {}; answering {}",
-                        observe::Chain(&err),
-                        rejection.status().as_u16()
-                    ),
-                );
-                Ok(reject(rejection))
-            }
-        }
+            },
+            note: "the body did not arrive within the body timeout: 408",
+        }),
     }
+}
+
+/// The answer to each outcome of the claim: run the handler (claimed), 409 (in flight), 422
+/// (mismatch), the saved answer (done); on a store error, 503 or, fail-open, the handler.
+async fn respond<S, St, M, ReqBody, ResBody>(
+    inner: S,
+    layer: Shared<St, M>,
+    prepared: Prepared,
+    token: FencingToken,
+    outcome: Result<(ClaimOutcome, Option<M::Attempt>), StoreError>,
+    record: Arc<RequestRecord>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    M: Mode<St>,
+    ReqBody: Body + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    match outcome {
+        Ok((ClaimOutcome::Claimed { taken_over }, claimed)) => {
+            let claim = ClaimedKey {
+                token,
+                taken_over,
+                claimed,
+            };
+            run_claimed(inner, layer, prepared, claim, record).await
+        }
+        Ok((ClaimOutcome::InFlight { lease_remaining }, _)) => {
+            record.finish(
+                Outcome::InFlight,
+                &"the first attempt is still running: 409",
+            );
+            let retry_after = layer.config.durations.retry_after(
+                layer.config.retry_after,
+                &prepared.key_hash,
+                prepared.parts.uri.path(),
+                lease_remaining,
+            );
+            Ok(reject(Rejection::InFlight { retry_after }))
+        }
+        Ok((ClaimOutcome::Mismatch, _)) => {
+            record.finish(
+                Outcome::Mismatch,
+                &"the key was first used for a different request: 422",
+            );
+            Ok(reject(Rejection::KeyReused))
+        }
+        Ok((ClaimOutcome::Done(saved), _)) => {
+            record.finish(Outcome::Replayed, &"replaying the saved answer");
+            Ok(record::replay(saved))
+        }
+        Err(err) => store_failed(inner, &layer.config, prepared, &err, &record).await,
+    }
+}
+
+/// The store could not claim: 503 or 500 (fail closed), or with fail-open the handler without a
+/// claim.
+async fn store_failed<S, ReqBody, ResBody>(
+    inner: S,
+    config: &Config,
+    prepared: Prepared,
+    err: &StoreError,
+    record: &RequestRecord,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+{
+    if !config.fail_open {
+        let rejection = store_rejection(err);
+        record.finish(
+            Outcome::StoreError,
+            &format_args!(
+                "store failed: {}; answering {}",
+                observe::Chain(err),
+                rejection.status().as_u16()
+            ),
+        );
+        return Ok(reject(rejection));
+    }
+    record.finish(
+        Outcome::FailOpen,
+        &format_args!(
+            "store failed ({}); calling the handler without idempotency (fail-open)",
+            observe::Chain(err)
+        ),
+    );
+    let Prepared { parts, bytes, .. } = prepared;
+    pass_through(
+        inner,
+        Request::from_parts(parts, RequestBody::buffered(bytes)),
+    )
+    .await
+}
+
+/// A successful claim: its token, whether it took a lapsed lease over, and the mode's state
+/// when the mode claims inside its own transaction.
+struct ClaimedKey<A> {
+    token: FencingToken,
+    taken_over: bool,
+    claimed: Option<A>,
+}
+
+/// The key is ours: hand the request to the handler as a [`ClaimedRun`], which a client
+/// disconnect does not stop.
+async fn run_claimed<S, St, M, ReqBody, ResBody>(
+    inner: S,
+    layer: Shared<St, M>,
+    prepared: Prepared,
+    claim: ClaimedKey<M::Attempt>,
+    record: Arc<RequestRecord>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    M: Mode<St>,
+    ReqBody: Body + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let ClaimedKey {
+        token,
+        taken_over,
+        claimed,
+    } = claim;
+    if taken_over {
+        observe::record(
+            Outcome::TakenOver,
+            &"a lapsed lease was taken over; the handler runs again",
+        );
+    } else {
+        observe::record(Outcome::Claimed, &"key claimed; the handler runs");
+    }
+    let Prepared {
+        mut parts,
+        bytes,
+        key,
+        key_hash,
+        ..
+    } = prepared;
+    let path = parts.uri.path().to_owned();
+    parts.extensions.insert(key);
+    let mode_state = M::start(&layer.store, &mut parts.extensions, claimed);
+    let req = Request::from_parts(parts, RequestBody::buffered(bytes));
+    let run = ClaimedRun {
+        store: layer.store.clone(),
+        config: layer.config.clone(),
+        key: key_hash,
+        token,
+        path,
+        leased: M::LEASED,
+        record,
+    };
+    // If the client disconnects and this future is dropped, the run is handed to the runtime:
+    // the handler runs to the end and its answer is recorded.
+    FinishOnDrop::new(
+        run.execute::<S, M, RequestBody<ReqBody>, ResBody>(inner, req, mode_state)
+            .in_current_span(),
+    )
+    .await
 }
 
 /// Claim once, or in wait mode keep claiming while the first attempt runs, up to the bound.
 async fn claim<St: Store, M: Mode<St>>(
-    layer: &Idempotency<St, M>,
+    layer: &Shared<St, M>,
     key: KeyHash,
     fingerprint: Fingerprint,
     token: FencingToken,
@@ -471,11 +634,7 @@ async fn claim<St: Store, M: Mode<St>>(
 /// After a failed claim (a timeout, a cut connection), the claim may still have landed: release it,
 /// fenced by our token so nothing else is touched, so that a retry need not wait for the lease to
 /// lapse. In the background, because the client's 503 should not wait for a store in trouble.
-fn release_in_background<St: Store, M>(
-    layer: &Idempotency<St, M>,
-    key: KeyHash,
-    token: FencingToken,
-) {
+fn release_in_background<St: Store, M>(layer: &Shared<St, M>, key: KeyHash, token: FencingToken) {
     let store = layer.store.clone();
     let limit = layer.config.store_timeout;
     tokio::spawn(
@@ -499,273 +658,6 @@ fn release_in_background<St: Store, M>(
     );
 }
 
-/// Polls an attempt in place, and if dropped before it completes (the client went away), spawns
-/// the rest of it on the runtime so the work is finished and recorded.
-///
-/// Cheaper than spawning every attempt up front: no cross-thread hand-off on the common path.
-struct FinishOnDrop<F: Future + Send + 'static>
-where
-    F::Output: Send + 'static,
-{
-    future: Option<Pin<Box<F>>>,
-    runtime: tokio::runtime::Handle,
-}
-
-impl<F: Future + Send + 'static> FinishOnDrop<F>
-where
-    F::Output: Send + 'static,
-{
-    fn new(future: F) -> Self {
-        Self {
-            future: Some(Box::pin(future)),
-            runtime: tokio::runtime::Handle::current(),
-        }
-    }
-}
-
-impl<F: Future + Send + 'static> Future for FinishOnDrop<F>
-where
-    F::Output: Send + 'static,
-{
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(future) = self.future.as_mut() else {
-            return Poll::Pending;
-        };
-        // A future that panicked must not be polled again, so it is not handed to the runtime.
-        match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => {
-                self.future = None;
-                Poll::Ready(output)
-            }
-            Err(panic) => {
-                self.future = None;
-                std::panic::resume_unwind(panic)
-            }
-        }
-    }
-}
-
-impl<F: Future + Send + 'static> Drop for FinishOnDrop<F>
-where
-    F::Output: Send + 'static,
-{
-    fn drop(&mut self) {
-        if let Some(unfinished) = self.future.take() {
-            self.runtime.spawn(unfinished);
-        }
-    }
-}
-
-/// `, grpc-status N` when the answer carries one, for the log line of a released key.
-fn grpc_status_note(headers: &http::HeaderMap, trailers: &http::HeaderMap) -> String {
-    trailers
-        .get("grpc-status")
-        .or_else(|| headers.get("grpc-status"))
-        .and_then(|v| v.to_str().ok())
-        .map(|code| format!(", grpc-status {code}"))
-        .unwrap_or_default()
-}
-
-/// One claimed attempt: the handler, the heartbeat, and the recording of the answer.
-struct Attempt<St> {
-    store: Arc<St>,
-    config: Arc<Config>,
-    key: KeyHash,
-    token: FencingToken,
-    /// Whether the claim holds a lease to renew and release (see [`Mode::LEASED`]).
-    leased: bool,
-    path: String,
-    record: Arc<RequestRecord>,
-}
-
-impl<St: Store> Attempt<St> {
-    async fn execute<S, M, ReqBody, ResBody>(
-        mut self,
-        mut inner: S,
-        req: Request<ReqBody>,
-        attempt: M::Attempt,
-    ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-    where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        M: Mode<St>,
-        ResBody: Body<Data = Bytes>,
-        ResBody::Error: Into<BoxError>,
-    {
-        let running = Running {
-            durations: self.config.durations.clone(),
-            key: self.key,
-            start: self.config.durations.started(self.key),
-            path: std::mem::take(&mut self.path),
-        };
-        let work = AssertUnwindSafe(async {
-            let response = inner.call(req).await?;
-            let (parts, body) = response.into_parts();
-            // Trailers are kept with the body: gRPC's outcome (`grpc-status`) is in them.
-            let body: Result<(Bytes, http::HeaderMap), BoxError> = body
-                .collect()
-                .await
-                .map(|c| {
-                    let trailers = c.trailers().cloned().unwrap_or_default();
-                    (c.to_bytes(), trailers)
-                })
-                .map_err(Into::into);
-            Ok::<_, S::Error>((parts, body))
-        })
-        .catch_unwind();
-        let result = tokio::select! {
-            biased;
-            result = work => result,
-            never = self.heartbeat(), if self.leased => match never {},
-        };
-
-        let (parts, (body, trailers)) = match result {
-            Err(panic) => {
-                M::abandon(attempt, self.config.store_timeout).await;
-                self.release("the handler panicked").await;
-                std::panic::resume_unwind(panic);
-            }
-            Ok(Err(err)) => {
-                M::abandon(attempt, self.config.store_timeout).await;
-                self.release("the inner service returned an error").await;
-                return Err(err);
-            }
-            Ok(Ok((parts, Err(err)))) => {
-                M::abandon(attempt, self.config.store_timeout).await;
-                self.release("the response body failed").await;
-                return Ok(Response::from_parts(parts, ResponseBody::failed(err)));
-            }
-            Ok(Ok((parts, Ok(body)))) => (parts, body),
-        };
-        // The handler is done: its duration is recorded without the save that follows.
-        drop(running);
-
-        if parts.extensions.get::<NotProcessed>().is_some() {
-            M::abandon(attempt, self.config.store_timeout).await;
-            self.release("the handler marked its answer NotProcessed")
-                .await;
-            return Ok(Response::from_parts(
-                parts,
-                ResponseBody::with_trailers(body, trailers),
-            ));
-        }
-
-        if !self
-            .config
-            .save
-            .should_save_response(parts.status, &parts.headers, &trailers)
-        {
-            M::abandon(attempt, self.config.store_timeout).await;
-            self.release(&format!(
-                "the answer (status {}{}) is not saved",
-                parts.status.as_u16(),
-                grpc_status_note(&parts.headers, &trailers)
-            ))
-            .await;
-            return Ok(Response::from_parts(
-                parts,
-                ResponseBody::with_trailers(body, trailers),
-            ));
-        }
-
-        let saved = StoredResponse::new(
-            parts.status,
-            record::saved_headers(&parts.headers),
-            body.clone(),
-        )
-        .with_trailers(trailers.clone());
-        let limit = self.config.store_timeout;
-        let finish = M::finish(&self.store, attempt, &self.key, self.token, &saved, limit);
-        match observe::timed(self.store.name(), "complete", finish).await {
-            Ok(Fenced::Applied) => self.record.finish(Outcome::Saved, &"answer saved"),
-            Ok(Fenced::Lost) if M::TRANSACTIONAL => {
-                self.record.finish(Outcome::FencedOut, &"the lease was taken over before the commit; the work was rolled back: 409");
-                return Ok(reject(Rejection::LeaseLost {
-                    retry_after: self.config.lease,
-                }));
-            }
-            Ok(Fenced::Lost) => self.record.finish(
-                Outcome::FencedOut,
-                &"the lease was taken over before the answer was saved; the answer is sent but not saved",
-            ),
-            Err(err) if M::TRANSACTIONAL => {
-                let rejection = store_rejection(&err);
-                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: {}", observe::Chain(&err), rejection.status().as_u16()));
-                self.release("the commit failed").await;
-                return Ok(reject(rejection));
-            }
-            Err(err) => self.record.finish(
-                Outcome::StoreError,
-                &format_args!("saving the answer failed: {}; the answer is sent but not saved, and a retry after the lease runs the handler again", observe::Chain(&err)),
-            ),
-        }
-        Ok(Response::from_parts(
-            parts,
-            ResponseBody::with_trailers(body, trailers),
-        ))
-    }
-
-    /// Renew the lease every third of it, forever; the caller drops this when the work ends.
-    async fn heartbeat(&self) -> std::convert::Infallible {
-        let period = self.config.heartbeat();
-        let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            let renew = self.store.renew(&self.key, self.token, self.config.lease);
-            let renew = bounded("the renewal", self.config.store_timeout, renew);
-            match observe::timed(self.store.name(), "renew", renew).await {
-                Ok(Fenced::Applied) => observe::renewed(),
-                Ok(Fenced::Lost) => {
-                    observe::record(
-                        Outcome::FencedOut,
-                        &"the lease was lost while the handler ran; its answer will not be saved",
-                    );
-                    return std::future::pending().await;
-                }
-                Err(err) => observe::record(
-                    Outcome::StoreError,
-                    &format_args!(
-                        "renewing the lease failed: {}; trying again next beat",
-                        observe::Chain(&err)
-                    ),
-                ),
-            }
-        }
-    }
-
-    async fn release(&self, why: &str) {
-        if !self.leased {
-            // The claim was made in the rolled-back transaction: it is gone with it.
-            self.record.finish(
-                Outcome::Released,
-                &format_args!("key released with the rollback: {why}"),
-            );
-            return;
-        }
-        let release = self.store.release(&self.key, self.token);
-        let release = bounded("the release", self.config.store_timeout, release);
-        match observe::timed(self.store.name(), "release", release).await {
-            Ok(Fenced::Applied) => self
-                .record
-                .finish(Outcome::Released, &format_args!("key released: {why}")),
-            Ok(Fenced::Lost) => self.record.finish(
-                Outcome::FencedOut,
-                &format_args!("key not released ({why}): the lease was already taken over"),
-            ),
-            Err(err) => self.record.finish(
-                Outcome::StoreError,
-                &format_args!(
-                    "releasing the key failed ({why}): {}; it frees when the lease lapses",
-                    observe::Chain(&err)
-                ),
-            ),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -775,7 +667,13 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::store::MemoryStore;
+    use crate::{not_processed::NotProcessed, store::MemoryStore, Idempotency};
+
+    impl<S, St, M> IdempotencyService<S, St, M> {
+        fn from_layer(inner: S, layer: Idempotency<St, M>) -> Self {
+            Self::from_parts(inner, layer.store.clone(), layer.config.clone())
+        }
+    }
 
     fn counting_service(
         count: Arc<AtomicUsize>,

@@ -1,0 +1,326 @@
+//! [`RedisStore`]: the [`Store`] methods as script calls.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use redis::{aio::ConnectionManager, ScriptInvocation, Value};
+use tokio::time::Instant;
+
+use super::{
+    notifier::Notifier,
+    scripts::{claim_outcome, Connection, CLAIM, COMPLETE, PEEK, RELEASE, RENEW},
+};
+use crate::{
+    key::KeyHash,
+    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoredResponse},
+};
+
+/// The key prefix used unless [`RedisStore::with_prefix`] sets another.
+pub const DEFAULT_PREFIX: &str = "idempotency";
+
+/// How long [`RedisStore::lazy`] waits for a connection before the request fails.
+const LAZY_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The longest lease or TTL sent to Redis, in milliseconds (about 285 years). Longer durations
+/// are clamped so that the server's arithmetic stays exact.
+const MAX_MILLIS: u64 = 1 << 53;
+
+/// Stands in for a wait timeout too large to add to the clock (about 30 years).
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// Idempotency records in Redis or Redis Cluster, one hash per key.
+///
+/// See the [module docs](crate::store::redis) for the data layout, atomicity, cluster safety and durability.
+/// Clones share the connection and the notification connection.
+///
+/// ```no_run
+/// use tower_idempotency::store::redis::{redis, RedisStore};
+///
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+/// let client = redis::Client::open("redis://127.0.0.1:6379").expect("a valid url");
+/// // connection manager and wait-mode notifications from one client
+/// let store = RedisStore::connect(client.clone()).await?;
+///
+/// // or from a connection manager the application already has
+/// let manager = client.get_connection_manager().await?;
+/// let store = RedisStore::new(manager).with_notifications(client);
+/// # let _ = store;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Connection,
+    prefix: Arc<str>,
+    notifier: Option<Arc<Notifier>>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mode = match self.conn {
+            Connection::Single(_) => "single",
+            #[cfg(feature = "redis-cluster")]
+            Connection::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore")
+            .field("mode", &mode)
+            .field("prefix", &self.prefix)
+            .field("notifications", &self.notifier.is_some())
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// A store over `manager`, with the [`DEFAULT_PREFIX`].
+    ///
+    /// Wait mode polls (sleeps for the layer's interval) until
+    /// [`with_notifications`](Self::with_notifications) gives it a pub/sub connection.
+    pub fn new(manager: ConnectionManager) -> Self {
+        Self::from_connection(Connection::Single(manager))
+    }
+
+    /// Open a connection manager on `client` and a store over it, with wait-mode notifications
+    /// on the same server.
+    ///
+    /// Fails with [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind::Unavailable) when the server cannot be reached.
+    pub async fn connect(client: redis::Client) -> Result<Self, StoreError> {
+        let manager = client.get_connection_manager().await?;
+        Ok(Self::new(manager).with_notifications(client))
+    }
+
+    /// A store on `client` that connects on first use, with wait-mode notifications: the
+    /// application starts even while Redis is down (its requests then get 503, or run unguarded
+    /// with [`fail_open`](crate::Idempotency::fail_open)), and the store connects once Redis is
+    /// back.
+    ///
+    /// ```
+    /// use tower_idempotency::store::redis::{redis, RedisStore};
+    ///
+    /// # fn run() -> Result<(), tower_idempotency::store::StoreError> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379").expect("a valid url");
+    /// let store = RedisStore::lazy(client)?;
+    /// # let _ = store;
+    /// # Ok(()) }
+    /// ```
+    pub fn lazy(client: redis::Client) -> Result<Self, StoreError> {
+        // Few, short connection attempts: while Redis is down a request should get its 503
+        // (or run, fail-open) in about a second, not after the default retry schedule.
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_number_of_retries(1)
+            .set_connection_timeout(Some(LAZY_CONNECT_TIMEOUT));
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        Ok(Self::new(manager).with_notifications(client))
+    }
+
+    /// A store over a Redis Cluster connection (feature `redis-cluster`).
+    ///
+    /// Wait-mode notifications need a plain client on any one node of the cluster:
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::redis::{redis, RedisStore};
+    ///
+    /// # async fn run() -> redis::RedisResult<()> {
+    /// let nodes = ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"];
+    /// let conn = redis::cluster::ClusterClient::new(nodes.to_vec())?
+    ///     .get_async_connection()
+    ///     .await?;
+    /// let store = RedisStore::cluster(conn)
+    ///     .with_notifications(redis::Client::open(nodes[0])?);
+    /// # let _ = store;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    pub fn cluster(conn: redis::cluster_async::ClusterConnection) -> Self {
+        Self::from_connection(Connection::Cluster(conn))
+    }
+
+    fn from_connection(conn: Connection) -> Self {
+        Self {
+            conn,
+            prefix: Arc::from(DEFAULT_PREFIX),
+            notifier: None,
+        }
+    }
+
+    /// Put the records under `prefix` instead of [`DEFAULT_PREFIX`]: `{prefix}:{<key hex>}`.
+    ///
+    /// Give each application (or environment) sharing a server its own prefix.
+    ///
+    /// # Warning
+    ///
+    /// Keep `{` and `}` out of the prefix: Redis Cluster would take the prefix's braces as the
+    /// hash tag and put every record in one slot (still correct, but on a single node).
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::redis::RedisStore;
+    /// # fn f(store: RedisStore) {
+    /// let store = store.with_prefix("payments-api");
+    /// # }
+    /// ```
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Arc::from(prefix.into());
+        self
+    }
+
+    /// Wake wait mode through pub/sub on `client` (one connection, opened on first use, shared
+    /// by the clones of this store).
+    ///
+    /// In a cluster, `client` may point at any node: completions are published cluster-wide.
+    ///
+    /// ```no_run
+    /// # use tower_idempotency::store::redis::{redis, RedisStore};
+    /// # fn f(store: RedisStore) -> redis::RedisResult<()> {
+    /// let store = store.with_notifications(redis::Client::open("redis://127.0.0.1:6379")?);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_notifications(mut self, client: redis::Client) -> Self {
+        self.notifier = Some(Arc::new(Notifier::new(client)));
+        self
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The Redis key of the record of `key`: `{prefix}:{<key hex>}`, braces included.
+    pub fn record_key(&self, key: &KeyHash) -> String {
+        format!("{}:{{{}}}", self.prefix, key.to_hex())
+    }
+
+    /// The channel `complete` and `release` publish on: the record key followed by `:done`.
+    pub fn channel(&self, key: &KeyHash) -> String {
+        format!("{}:{{{}}}:done", self.prefix, key.to_hex())
+    }
+
+    /// Whether a one-key script that answers 1 or 0 changed the record.
+    async fn fenced(&self, invocation: &ScriptInvocation<'_>) -> Result<Fenced, StoreError> {
+        match self.conn.invoke(invocation).await? {
+            Value::Int(n) => Ok(Fenced::from_rows(u64::from(n > 0))),
+            _ => Err(StoreError::corrupt("unexpected reply from a redis script")),
+        }
+    }
+
+    /// The lease time left of the record of `key`, zero when it is not running under a valid
+    /// lease (absent, done, or lapsed).
+    async fn lease_remaining(&self, key: &KeyHash) -> Result<Duration, StoreError> {
+        let invocation = PEEK.key(self.record_key(key));
+        match self.conn.invoke(&invocation).await? {
+            Value::Int(ms) => Ok(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+            _ => Err(StoreError::corrupt("unexpected reply from a redis script")),
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis())
+        .unwrap_or(MAX_MILLIS)
+        .min(MAX_MILLIS)
+}
+
+impl Store for RedisStore {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
+        let mut invocation = CLAIM.key(self.record_key(&claim.key));
+        invocation
+            .arg(claim.fingerprint.to_hex())
+            .arg(claim.token.to_string())
+            .arg(millis(claim.lease))
+            .arg(millis(claim.ttl).max(1));
+        claim_outcome(self.conn.invoke(&invocation).await?)
+    }
+
+    async fn renew(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Fenced, StoreError> {
+        let mut invocation = RENEW.key(self.record_key(key));
+        invocation.arg(token.to_string()).arg(millis(lease));
+        self.fenced(&invocation).await
+    }
+
+    async fn complete(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        let mut invocation = COMPLETE.key(self.record_key(key));
+        invocation
+            .arg(token.to_string())
+            .arg(response.status.as_u16())
+            .arg(response.encode_headers())
+            .arg(response.body.as_ref())
+            .arg(self.channel(key));
+        self.fenced(&invocation).await
+    }
+
+    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
+        let mut invocation = RELEASE.key(self.record_key(key));
+        invocation.arg(token.to_string()).arg(self.channel(key));
+        self.fenced(&invocation).await
+    }
+
+    /// Always `Ok(0)`: every record carries a `PEXPIREAT` at its expiry and Redis deletes it
+    /// itself, so there is nothing to sweep.
+    async fn sweep(&self, _batch: u32) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+
+    /// With notifications: subscribe to the record's channel, then wake on its `complete` or
+    /// `release`, when the holder's lease lapses, or at `timeout`, whichever is first. Returns
+    /// at once when the record is already absent, done or lapsed. Without notifications, or on
+    /// any pub/sub failure, sleep for `timeout`.
+    async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
+        let now = Instant::now();
+        let deadline = now.checked_add(timeout).unwrap_or(now + FAR_FUTURE);
+        let Some(notifier) = &self.notifier else {
+            tokio::time::sleep_until(deadline).await;
+            return;
+        };
+        let channel = self.channel(key);
+        let registration = Notifier::register(notifier, &channel);
+        let notified = registration.notify().notified();
+        tokio::pin!(notified);
+        // From here on a `notify_waiters` reaches this waiter even before it is polled.
+        notified.as_mut().enable();
+
+        match tokio::time::timeout_at(deadline, notifier.subscribe(&channel)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::debug!(target: "tower_idempotency::store::redis", error = %err,
+                    "pub/sub subscribe failed; waiting without notifications");
+                tokio::time::sleep_until(deadline).await;
+                return;
+            }
+            Err(_) => return,
+        }
+        // Subscribed: any completion from now on is delivered. Check what happened before.
+        let wake_at = match self.lease_remaining(key).await {
+            Ok(remaining) if remaining.is_zero() => return,
+            Ok(remaining) => Instant::now()
+                .checked_add(remaining)
+                .map_or(deadline, |lapse| lapse.min(deadline)),
+            Err(_) => deadline,
+        };
+        tokio::select! {
+            () = &mut notified => {}
+            () = tokio::time::sleep_until(wake_at) => {}
+        }
+        // `notified`, then `registration` (unsubscribing the last waiter) drop here.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_clamped() {
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
+    }
+}
