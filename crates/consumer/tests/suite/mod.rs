@@ -1,0 +1,336 @@
+//! The `process_once` suite shared by the SQL backends: each backend's test file expands it with
+//! [`consumer_tests!`], naming its module, pool, connect helpers and the few statements whose SQL
+//! differs. The tests land at the top of the test crate, so their names (which the crash test
+//! passes to `--exact` when it re-runs itself as a child) are the same for every backend.
+
+/// Expand every `process_once` test for one SQL backend.
+///
+/// - `backend`: the `tower_idempotency_consumer` module (`postgres`, `sqlite`).
+/// - `pool`, `database`: the sqlx pool and database types.
+/// - `fresh`: `common` helper returning a fresh migrated `(pool, url)`; `connect`: `common` helper
+///   opening a pool on an existing url (the crash test's child).
+/// - `insert_ten_two_day_old_rows`: SQL inserting `processed_events` rows `old_1..=old_10` for
+///   consumer `ledger`, processed two days ago.
+/// - `list_migration_tables`: SQL listing table names ending in `migrations`, ordered.
+macro_rules! consumer_tests {
+    (
+        backend: $backend:ident,
+        pool: $pool:ident,
+        database: $database:ident,
+        fresh: $fresh:ident,
+        connect: $connect:ident,
+        insert_ten_two_day_old_rows: $insert_ten_two_day_old_rows:expr,
+        list_migration_tables: $list_migration_tables:expr $(,)?
+    ) => {
+        use std::{
+            sync::{
+                atomic::{AtomicUsize, Ordering},
+                Arc,
+            },
+            time::Duration,
+        };
+
+        use common::{$connect, $fresh, run_child_and_kill_it, signal_ready_and_hang};
+        use futures_util::future::BoxFuture;
+        use sqlx::{$database, $pool, Transaction};
+        use tokio::sync::{oneshot, Barrier};
+        use tower_idempotency_consumer::{$backend, Error, Outcome};
+
+        const CONSUMER: &str = "ledger";
+
+        type Work = Box<
+            dyn for<'c> FnOnce(
+                    &'c mut Transaction<'static, $database>,
+                ) -> BoxFuture<'c, Result<i32, sqlx::Error>>
+                + Send,
+        >;
+
+        /// The work of one delivery: one row in `effects`, written in the transaction.
+        fn record(event_id: &'static str, delivery: i32) -> Work {
+            Box::new(move |tx| {
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO effects (event_id, delivery) VALUES ($1, $2)")
+                        .bind(event_id)
+                        .bind(delivery)
+                        .execute(&mut **tx)
+                        .await?;
+                    Ok(delivery)
+                })
+            })
+        }
+
+        async fn effects(pool: &$pool, event_id: &str) -> Vec<i32> {
+            sqlx::query_scalar("SELECT delivery FROM effects WHERE event_id = $1 ORDER BY delivery")
+                .bind(event_id)
+                .fetch_all(pool)
+                .await
+                .expect("read effects")
+        }
+
+        async fn processed_rows(pool: &$pool, event_id: &str) -> i64 {
+            sqlx::query_scalar(
+                "SELECT count(*) FROM processed_events WHERE consumer = $1 AND event_id = $2",
+            )
+            .bind(CONSUMER)
+            .bind(event_id)
+            .fetch_one(pool)
+            .await
+            .expect("count processed_events")
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn ten_concurrent_deliveries_run_the_work_once() {
+            let (pool, _) = $fresh().await;
+            let barrier = Arc::new(Barrier::new(common::DELIVERIES));
+            let runs = Arc::new(AtomicUsize::new(0));
+            let deliveries: Vec<_> = (0..common::DELIVERIES)
+                .map(|delivery| {
+                    let (pool, barrier, runs) = (pool.clone(), barrier.clone(), runs.clone());
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        $backend::process_once(&pool, CONSUMER, "evt_1", |tx| {
+                            Box::pin(async move {
+                                runs.fetch_add(1, Ordering::SeqCst);
+                                // Work that takes a while, so that the others arrive while it runs.
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                                record("evt_1", delivery as i32)(tx).await
+                            })
+                        })
+                        .await
+                    })
+                })
+                .collect();
+            let mut processed = 0;
+            let mut duplicates = 0;
+            for delivery in deliveries {
+                match delivery.await.expect("no panic").expect("no error") {
+                    Outcome::Processed(_) => processed += 1,
+                    Outcome::Duplicate => duplicates += 1,
+                }
+            }
+            assert_eq!((processed, duplicates), (1, common::DELIVERIES - 1));
+            assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
+            assert_eq!(effects(&pool, "evt_1").await.len(), 1);
+            assert_eq!(processed_rows(&pool, "evt_1").await, 1);
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_failed_work_rolls_back_and_the_redelivery_runs_it_once() {
+            let (pool, _) = $fresh().await;
+            let failed = $backend::process_once(&pool, CONSUMER, "evt_1", |tx| {
+                Box::pin(async move {
+                    record("evt_1", 1)(tx).await?;
+                    Err::<i32, _>(sqlx::Error::Protocol("the payment provider said no".into()))
+                })
+            })
+            .await;
+            assert!(matches!(failed, Err(Error::Work(_))), "{failed:?}");
+            assert_eq!(
+                effects(&pool, "evt_1").await,
+                Vec::<i32>::new(),
+                "the failed work's write is gone"
+            );
+            assert_eq!(processed_rows(&pool, "evt_1").await, 0);
+
+            let retried = $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await;
+            assert_eq!(retried.expect("redelivery"), Outcome::Processed(2));
+            let again = $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 3)).await;
+            assert_eq!(again.expect("third delivery"), Outcome::Duplicate);
+            assert_eq!(effects(&pool, "evt_1").await, vec![2]);
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_panic_rolls_back_and_the_redelivery_runs_it_once() {
+            let (pool, _) = $fresh().await;
+            let panicked = tokio::spawn({
+                let pool = pool.clone();
+                async move {
+                    $backend::process_once(&pool, CONSUMER, "evt_1", |tx| {
+                        Box::pin(async move {
+                            record("evt_1", 1)(tx).await?;
+                            panic!("the work panicked");
+                            #[allow(unreachable_code)]
+                            Ok::<i32, sqlx::Error>(1)
+                        })
+                    })
+                    .await
+                }
+            })
+            .await;
+            assert!(panicked.expect_err("the task panicked").is_panic());
+
+            let retried = $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await;
+            assert_eq!(retried.expect("redelivery"), Outcome::Processed(2));
+            assert_eq!(effects(&pool, "evt_1").await, vec![2]);
+        }
+
+        /// Start a first delivery whose work waits for `go` (then commits if `commit`), and a second
+        /// delivery once the first holds the event; return both outcomes.
+        async fn overlapping_deliveries(
+            pool: &$pool,
+            commit: bool,
+        ) -> (
+            Result<Outcome<i32>, Error<sqlx::Error>>,
+            Result<Outcome<i32>, Error<sqlx::Error>>,
+        ) {
+            let (started_tx, started_rx) = oneshot::channel();
+            let (go_tx, go_rx) = oneshot::channel::<()>();
+            let first = tokio::spawn({
+                let pool = pool.clone();
+                async move {
+                    $backend::process_once(&pool, CONSUMER, "evt_1", move |tx| {
+                        Box::pin(async move {
+                            record("evt_1", 1)(tx).await?;
+                            started_tx.send(()).expect("the test waits");
+                            go_rx.await.expect("the test says go");
+                            if commit {
+                                Ok(1)
+                            } else {
+                                Err(sqlx::Error::Protocol(
+                                    "failed after the second arrived".into(),
+                                ))
+                            }
+                        })
+                    })
+                    .await
+                }
+            });
+            started_rx
+                .await
+                .expect("the first delivery started its work");
+            let mut second = tokio::spawn({
+                let pool = pool.clone();
+                async move { $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await }
+            });
+            let early = tokio::time::timeout(Duration::from_millis(300), &mut second).await;
+            assert!(
+                early.is_err(),
+                "the second delivery must wait for the first: {early:?}"
+            );
+            go_tx.send(()).expect("the first delivery waits");
+            let first = first.await.expect("no panic");
+            let second = second.await.expect("no panic");
+            (first, second)
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_concurrent_delivery_waits_for_the_commit_then_reports_duplicate() {
+            let (pool, _) = $fresh().await;
+            let (first, second) = overlapping_deliveries(&pool, true).await;
+            assert_eq!(first.expect("first"), Outcome::Processed(1));
+            assert_eq!(second.expect("second"), Outcome::Duplicate);
+            assert_eq!(effects(&pool, "evt_1").await, vec![1]);
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_concurrent_delivery_runs_the_work_when_the_first_rolls_back() {
+            let (pool, _) = $fresh().await;
+            let (first, second) = overlapping_deliveries(&pool, false).await;
+            assert!(matches!(first, Err(Error::Work(_))), "{first:?}");
+            assert_eq!(second.expect("second"), Outcome::Processed(2));
+            assert_eq!(effects(&pool, "evt_1").await, vec![2]);
+            assert_eq!(processed_rows(&pool, "evt_1").await, 1);
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_crash_between_work_and_commit_leaves_nothing_and_the_redelivery_runs_once() {
+            if let Ok(url) = std::env::var(common::CHILD_ENV) {
+                // The child: do the work's write, then die (the parent kills us) before the commit.
+                let pool = $connect(&url).await;
+                let result =
+                    $backend::process_once::<i32, sqlx::Error, _>(&pool, CONSUMER, "evt_1", |tx| {
+                        Box::pin(async move {
+                            record("evt_1", 1)(tx).await?;
+                            signal_ready_and_hang().await
+                        })
+                    })
+                    .await;
+                panic!("the child should be killed while its work waits, but it ended: {result:?}");
+            }
+            let (pool, url) = $fresh().await;
+            run_child_and_kill_it(
+                "a_crash_between_work_and_commit_leaves_nothing_and_the_redelivery_runs_once",
+                &url,
+            )
+            .await;
+            assert_eq!(
+                effects(&pool, "evt_1").await,
+                Vec::<i32>::new(),
+                "the killed work did not commit"
+            );
+            assert_eq!(processed_rows(&pool, "evt_1").await, 0);
+
+            let retried = $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await;
+            assert_eq!(retried.expect("redelivery"), Outcome::Processed(2));
+            let again = $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 3)).await;
+            assert_eq!(again.expect("third delivery"), Outcome::Duplicate);
+            assert_eq!(effects(&pool, "evt_1").await, vec![2], "one effect");
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn consumers_are_independent() {
+            let (pool, _) = $fresh().await;
+            let ledger = $backend::process_once(&pool, "ledger", "evt_1", record("evt_1", 1)).await;
+            let mailer = $backend::process_once(&pool, "mailer", "evt_1", record("evt_1", 2)).await;
+            assert_eq!(ledger.expect("ledger"), Outcome::Processed(1));
+            assert_eq!(mailer.expect("mailer"), Outcome::Processed(2));
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn sweep_deletes_only_old_rows_in_batches() {
+            let (pool, _) = $fresh().await;
+            sqlx::query(
+                $insert_ten_two_day_old_rows,
+            )
+            .execute(&pool)
+            .await
+            .expect("old rows");
+            for n in 0..3 {
+                let event_id = format!("new_{n}");
+                let done = $backend::process_once(&pool, CONSUMER, &event_id, |_| {
+                    Box::pin(async { Ok::<_, sqlx::Error>(()) })
+                })
+                .await;
+                assert!(done.expect("new event").is_processed());
+            }
+            let day = Duration::from_secs(24 * 60 * 60);
+
+            assert_eq!(
+                $backend::sweep_batch(&pool, day, 4)
+                    .await
+                    .expect("one batch"),
+                4
+            );
+            assert_eq!($backend::sweep(&pool, day, 4).await.expect("the rest"), 6);
+            assert_eq!(
+                $backend::sweep(&pool, day, 4).await.expect("nothing left"),
+                0
+            );
+
+            let left: Vec<String> =
+                sqlx::query_scalar("SELECT event_id FROM processed_events ORDER BY event_id")
+                    .fetch_all(&pool)
+                    .await
+                    .expect("remaining rows");
+            assert_eq!(left, ["new_0", "new_1", "new_2"]);
+            // A swept event is unknown again: its redelivery would run (the retention warning).
+            let redelivered = $backend::process_once(&pool, CONSUMER, "old_1", record("old_1", 1)).await;
+            assert_eq!(redelivered.expect("after sweep"), Outcome::Processed(1));
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn migrate_is_repeatable_and_keeps_to_its_own_table() {
+            let (pool, _) = $fresh().await;
+            $backend::migrate(&pool).await.expect("second migrate");
+            let tables: Vec<String> = sqlx::query_scalar(
+                $list_migration_tables,
+            )
+            .fetch_all(&pool)
+            .await
+            .expect("list tables");
+            assert_eq!(tables, [$backend::MIGRATIONS_TABLE]);
+        }
+    };
+}
+
+pub(crate) use consumer_tests;
