@@ -54,6 +54,12 @@
 
 mod body;
 mod config;
+#[cfg(any(
+    feature = "memory",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "redis"
+))]
 mod constructors;
 pub mod error;
 #[cfg(feature = "axum")]
