@@ -45,6 +45,40 @@ const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// answering 503.
 const CLAIM_ATTEMPTS: u32 = 3;
 
+/// The inner services the guarded flow calls: sent to the runtime when a client disconnects, so
+/// they, their futures and their errors must be `Send + 'static`.
+trait Inner<ReqBody, ResBody>:
+    Service<
+        Request<RequestBody<ReqBody>>,
+        Response = Response<ResBody>,
+        Future: Send + 'static,
+        Error: Send + 'static,
+    > + Send
+    + 'static
+{
+}
+
+impl<T, ReqBody, ResBody> Inner<ReqBody, ResBody> for T where
+    T: Service<
+            Request<RequestBody<ReqBody>>,
+            Response = Response<ResBody>,
+            Future: Send + 'static,
+            Error: Send + 'static,
+        > + Send
+        + 'static
+{
+}
+
+/// Request bodies the layer buffers before the claim.
+trait GuardedBody: Body<Data: Send, Error: Into<BoxError>> + Send + 'static {}
+
+impl<B> GuardedBody for B where B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static {}
+
+/// Response bodies the layer collects and records.
+trait RecordedBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+
+impl<B> RecordedBody for B where B: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+
 /// The answer to a store error: 503 for what a retry can cure, 500 for what needs an operator.
 fn store_rejection(err: &StoreError) -> Rejection {
     match err.kind() {
@@ -240,16 +274,11 @@ async fn handle<S, St, M, ReqBody, ResBody>(
     req: Request<ReqBody>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     St: Store,
     M: Mode<St>,
-    ReqBody: Body + Send + 'static,
-    ReqBody::Data: Send,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ReqBody: GuardedBody,
+    ResBody: RecordedBody,
 {
     let record = RequestRecord::new(req.method(), req.uri().path());
     let span = record.span().clone();
@@ -271,16 +300,11 @@ async fn guard<S, St, M, ReqBody, ResBody>(
     record: Arc<RequestRecord>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     St: Store,
     M: Mode<St>,
-    ReqBody: Body + Send + 'static,
-    ReqBody::Data: Send,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ReqBody: GuardedBody,
+    ResBody: RecordedBody,
 {
     let (parts, body) = req.into_parts();
     let key = match read_key(&layer.config, &parts.headers) {
@@ -421,16 +445,11 @@ async fn respond<S, St, M, ReqBody, ResBody>(
     record: Arc<RequestRecord>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     St: Store,
     M: Mode<St>,
-    ReqBody: Body + Send + 'static,
-    ReqBody::Data: Send,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ReqBody: GuardedBody,
+    ResBody: RecordedBody,
 {
     match outcome {
         Ok((ClaimOutcome::Claimed { taken_over }, claimed)) => {
@@ -526,14 +545,11 @@ async fn run_claimed<S, St, M, ReqBody, ResBody>(
     record: Arc<RequestRecord>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Inner<ReqBody, ResBody>,
     St: Store,
     M: Mode<St>,
     ReqBody: Body + Send + 'static,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ResBody: RecordedBody,
 {
     let ClaimedKey {
         token,
