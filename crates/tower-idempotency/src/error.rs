@@ -18,7 +18,13 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::key::KeyError;
+use crate::{
+    key::KeyError,
+    store::{StoreError, StoreErrorKind},
+};
+
+/// How long a client is told to wait when the store is unavailable.
+const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Base of the `type` URIs: each rejection is documented under its anchor.
 const TYPE_BASE: &str =
@@ -86,6 +92,20 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// The answer to a store error: 503 for what a retry can cure, 500 for what needs an
+    /// operator.
+    pub(crate) fn for_store_error(err: &StoreError) -> Self {
+        match err.kind() {
+            StoreErrorKind::Full => Rejection::StoreFull {
+                retry_after: STORE_RETRY_AFTER,
+            },
+            _ if err.is_transient() => Rejection::StoreUnavailable {
+                retry_after: STORE_RETRY_AFTER,
+            },
+            _ => Rejection::StoreFailed,
+        }
+    }
+
     /// The status of the answer.
     pub fn status(&self) -> StatusCode {
         match self {

@@ -1,15 +1,18 @@
-//! How an attempt's answer is recorded: on its own ([`Standard`]), in the handler's database
+//! How a claimed run's answer is recorded: on its own ([`Standard`]), in the handler's database
 //! transaction ([`Transactional`](crate::Transactional)), or with the claim too in that one
 //! transaction (`SingleCommit`, PostgreSQL).
+//!
+//! Everything that differs between the modes is a method of [`Mode`]; the request flow
+//! (`service/`) calls them and never asks which mode it runs in.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
 use http::Extensions;
 
 use crate::{
+    error::Rejection,
     key::KeyHash,
     store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoredResponse},
-    timeout::bounded,
 };
 
 mod sealed {
@@ -17,29 +20,36 @@ mod sealed {
 }
 pub(crate) use sealed::Sealed;
 
+/// Why a claimed run's answer was not saved.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum SaveFailure<'a> {
+    /// The record no longer carries the run's token: the lease lapsed and another attempt took
+    /// the key over.
+    FencedOut,
+    /// The store failed.
+    Failed(&'a StoreError),
+}
+
 /// The mode of an [`Idempotency`](crate::Idempotency) layer. Sealed: the modes are [`Standard`],
 /// [`Transactional`](crate::Transactional) and (PostgreSQL) `SingleCommit`.
 pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
-    /// Per-attempt state, created after a successful claim.
+    /// What the mode keeps for one claimed run: the handler's transaction, or nothing.
     #[doc(hidden)]
-    type Attempt: Send + 'static;
-
-    /// `true` when the handler's work commits with the saved response.
-    #[doc(hidden)]
-    const TRANSACTIONAL: bool;
+    type RunState: Send + 'static;
 
     /// `false` when a claim holds no lease (single commit: the claim is uncommitted until the
     /// end, so there is nothing to renew or release; a rollback undoes it).
     #[doc(hidden)]
     const LEASED: bool = true;
 
-    /// Claim the key; a mode that claims inside the attempt's transaction returns the attempt
+    /// Claim the key; a mode that claims inside the run's transaction returns the run's state
     /// too (dropped, so rolled back, unless the outcome is `Claimed`).
     #[doc(hidden)]
     fn claim(
         store: &Arc<St>,
         claim: &Claim,
-    ) -> impl Future<Output = Result<(ClaimOutcome, Option<Self::Attempt>), StoreError>> + Send
+    ) -> impl Future<Output = Result<(ClaimOutcome, Option<Self::RunState>), StoreError>> + Send
     {
         async move { Ok((store.claim(claim).await?, None)) }
     }
@@ -50,30 +60,38 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
         store.wait_for_change(key, pause)
     }
 
-    /// Prepare an attempt (from the one [`claim`](Self::claim) returned, if any); may put
+    /// Prepare a claimed run (from the state [`claim`](Self::claim) returned, if any); may put
     /// something in the request's extensions for the handler.
     #[doc(hidden)]
-    fn start(
+    fn begin_run(
         store: &Arc<St>,
         extensions: &mut Extensions,
-        claimed: Option<Self::Attempt>,
-    ) -> Self::Attempt;
+        claimed: Option<Self::RunState>,
+    ) -> Self::RunState;
 
-    /// Save the handler's response for `key` if the record still carries `token`; each store
-    /// call is bounded by `limit` (the store timeout).
+    /// Save the handler's response in the transaction of its work, checked against `token`,
+    /// and commit the two together; each store call is bounded by `limit`. `None` when there is
+    /// no work to save it with (standard mode, or a handler that never began its transaction):
+    /// the run then saves the response on its own.
     #[doc(hidden)]
-    fn finish(
+    fn save_with_work(
         store: &St,
-        attempt: Self::Attempt,
+        run: Self::RunState,
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
         limit: Duration,
-    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+    ) -> impl Future<Output = Option<Result<Fenced, StoreError>>> + Send;
 
-    /// Undo the attempt's uncommitted work (the response is not saved), within `limit`.
+    /// Undo the run's uncommitted work (the response is not saved), within `limit`.
     #[doc(hidden)]
-    fn abandon(attempt: Self::Attempt, limit: Duration) -> impl Future<Output = ()> + Send;
+    fn abandon(run: Self::RunState, limit: Duration) -> impl Future<Output = ()> + Send;
+
+    /// What the client gets when its response could not be saved: `None` for the handler's
+    /// answer (its work stands, unrecorded), or the rejection to send instead (its work was
+    /// rolled back with the save).
+    #[doc(hidden)]
+    fn unsaved(failure: &SaveFailure<'_>, lease: Duration) -> Option<Rejection>;
 }
 
 /// The default mode: the response is saved with one store write after the handler answers.
@@ -86,37 +104,36 @@ pub struct Standard;
 
 impl Sealed for Standard {}
 
-/// Attempts at saving a response before giving up; a failed save leaves the work done but
-/// unrecorded, so it is worth a few quick retries.
-const COMPLETE_ATTEMPTS: u32 = 3;
-
 impl<St: Store> Mode<St> for Standard {
-    type Attempt = ();
-    const TRANSACTIONAL: bool = false;
+    type RunState = ();
 
-    fn start(_: &Arc<St>, _: &mut Extensions, _: Option<()>) -> Self::Attempt {}
+    fn begin_run(_: &Arc<St>, _: &mut Extensions, _: Option<()>) -> Self::RunState {}
 
-    async fn finish(
-        store: &St,
+    async fn save_with_work(
+        _: &St,
         (): (),
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-        limit: Duration,
-    ) -> Result<Fenced, StoreError> {
-        let mut attempt = 1;
-        loop {
-            let saved = bounded("the save", limit, store.complete(key, token, response));
-            match saved.await {
-                Err(err) if attempt < COMPLETE_ATTEMPTS => {
-                    tracing::warn!(target: "tower_idempotency", key = %key, error = %crate::observe::Chain(&err), attempt, "saving the response failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
-                    attempt += 1;
-                }
-                result => return result,
-            }
-        }
+        _: &KeyHash,
+        _: FencingToken,
+        _: &StoredResponse,
+        _: Duration,
+    ) -> Option<Result<Fenced, StoreError>> {
+        None
     }
 
     async fn abandon((): (), _: Duration) {}
+
+    /// The work is done and cannot be undone: the client gets its answer.
+    fn unsaved(_: &SaveFailure<'_>, _: Duration) -> Option<Rejection> {
+        None
+    }
+}
+
+/// The answer of the transactional modes to a save that failed: the work was rolled back with
+/// it, so the client must not get the handler's answer.
+#[cfg(feature = "sqlx")]
+pub(crate) fn rolled_back(failure: &SaveFailure<'_>, lease: Duration) -> Rejection {
+    match failure {
+        SaveFailure::FencedOut => Rejection::LeaseLost { retry_after: lease },
+        SaveFailure::Failed(err) => Rejection::for_store_error(err),
+    }
 }

@@ -62,8 +62,9 @@ use sqlx::Postgres;
 
 use crate::{
     config::WAIT_POLL_INTERVAL,
+    error::Rejection,
     key::KeyHash,
-    mode::{Mode, Sealed},
+    mode::{self, Mode, SaveFailure, Sealed},
     store::{
         postgres::PostgresStore, Claim, ClaimOutcome, Fenced, FencingToken, StoreError,
         StoredResponse, TransactionalStore,
@@ -79,25 +80,24 @@ pub struct SingleCommit;
 impl Sealed for SingleCommit {}
 
 impl Mode<PostgresStore> for SingleCommit {
-    type Attempt = IdempotencyTransaction<Postgres>;
-    const TRANSACTIONAL: bool = true;
+    type RunState = IdempotencyTransaction<Postgres>;
     const LEASED: bool = false;
 
     async fn claim(
         store: &Arc<PostgresStore>,
         claim: &Claim,
-    ) -> Result<(ClaimOutcome, Option<Self::Attempt>), StoreError> {
+    ) -> Result<(ClaimOutcome, Option<Self::RunState>), StoreError> {
         let tx = TransactionalStore::pool(store.as_ref()).begin().await?;
-        let attempt = IdempotencyTransaction::open(tx);
+        let run = IdempotencyTransaction::open(tx);
         let outcome = {
-            let Some(mut tx) = attempt.open_guard().await else {
+            let Some(mut tx) = run.open_guard().await else {
                 unreachable!("a transaction opened above is open");
             };
             store.claim_in(&mut tx, claim).await?
         };
         Ok(match outcome {
             ClaimOutcome::Claimed { taken_over } => {
-                (ClaimOutcome::Claimed { taken_over }, Some(attempt))
+                (ClaimOutcome::Claimed { taken_over }, Some(run))
             }
             // Another transaction holds the key; there is no lease to estimate from.
             ClaimOutcome::InFlight { lease_remaining } if lease_remaining.is_zero() => (
@@ -106,7 +106,7 @@ impl Mode<PostgresStore> for SingleCommit {
                 },
                 None,
             ),
-            // Dropping the attempt rolls the read-only transaction back.
+            // Dropping the run rolls the read-only transaction back.
             other => (other, None),
         })
     }
@@ -115,29 +115,35 @@ impl Mode<PostgresStore> for SingleCommit {
         tokio::time::sleep(pause).await;
     }
 
-    fn start(
+    fn begin_run(
         _: &Arc<PostgresStore>,
         extensions: &mut Extensions,
-        claimed: Option<Self::Attempt>,
-    ) -> Self::Attempt {
+        claimed: Option<Self::RunState>,
+    ) -> Self::RunState {
         let tx = claimed.expect("single-commit claims return their transaction");
         extensions.insert(tx.clone());
         tx
     }
 
-    async fn finish(
+    async fn save_with_work(
         store: &PostgresStore,
-        attempt: Self::Attempt,
+        run: Self::RunState,
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
         limit: Duration,
-    ) -> Result<Fenced, StoreError> {
-        <Transactional as Mode<PostgresStore>>::finish(store, attempt, key, token, response, limit)
-            .await
+    ) -> Option<Result<Fenced, StoreError>> {
+        <Transactional as Mode<PostgresStore>>::save_with_work(
+            store, run, key, token, response, limit,
+        )
+        .await
     }
 
-    async fn abandon(attempt: Self::Attempt, limit: Duration) {
-        <Transactional as Mode<PostgresStore>>::abandon(attempt, limit).await;
+    async fn abandon(run: Self::RunState, limit: Duration) {
+        <Transactional as Mode<PostgresStore>>::abandon(run, limit).await;
+    }
+
+    fn unsaved(failure: &SaveFailure<'_>, lease: Duration) -> Option<Rejection> {
+        Some(mode::rolled_back(failure, lease))
     }
 }

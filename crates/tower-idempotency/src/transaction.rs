@@ -48,8 +48,9 @@ use http::Extensions;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::{
+    error::Rejection,
     key::KeyHash,
-    mode::{Mode, Sealed},
+    mode::{self, Mode, SaveFailure, Sealed},
     store::{Fenced, FencingToken, StoreError, StoredResponse, TransactionalStore},
     timeout::bounded,
 };
@@ -189,14 +190,13 @@ impl<DB: sqlx::Database> IdempotencyTransaction<DB> {
 }
 
 impl<St: TransactionalStore> Mode<St> for Transactional {
-    type Attempt = IdempotencyTransaction<St::Database>;
-    const TRANSACTIONAL: bool = true;
+    type RunState = IdempotencyTransaction<St::Database>;
 
-    fn start(
+    fn begin_run(
         store: &Arc<St>,
         extensions: &mut Extensions,
-        _: Option<Self::Attempt>,
-    ) -> Self::Attempt {
+        _: Option<Self::RunState>,
+    ) -> Self::RunState {
         let tx = IdempotencyTransaction::new(Begin {
             pool: store.pool().clone(),
             statement: St::BEGIN,
@@ -206,43 +206,59 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
         tx
     }
 
-    async fn finish(
+    async fn save_with_work(
         store: &St,
-        attempt: Self::Attempt,
+        run: Self::RunState,
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
         limit: Duration,
-    ) -> Result<Fenced, StoreError> {
-        let Some((mut tx, _writer)) = attempt.take().await else {
-            // The handler did no database work: save the response on its own.
-            return bounded("the save", limit, store.complete(key, token, response)).await;
-        };
-        // A timeout drops the transaction, which rolls it back unless the COMMIT already landed:
-        // either way the work and the saved answer stay together.
-        let saved = bounded(
-            "the save in the transaction",
-            limit,
-            store.complete_in(&mut tx, key, token, response),
-        );
-        match saved.await? {
-            Fenced::Applied => {
-                bounded("the commit", limit, async { Ok(tx.commit().await?) }).await?;
-                Ok(Fenced::Applied)
-            }
-            Fenced::Lost => {
-                bounded("the rollback", limit, async { Ok(tx.rollback().await?) }).await?;
-                Ok(Fenced::Lost)
-            }
-        }
+    ) -> Option<Result<Fenced, StoreError>> {
+        // `None`: the handler never began the transaction, so there is no work to commit with.
+        let (tx, _writer) = run.take().await?;
+        Some(save_and_commit(store, tx, key, token, response, limit).await)
     }
 
-    async fn abandon(attempt: Self::Attempt, limit: Duration) {
-        if let Some((tx, _writer)) = attempt.take().await {
+    async fn abandon(run: Self::RunState, limit: Duration) {
+        if let Some((tx, _writer)) = run.take().await {
             let rollback = bounded("the rollback", limit, async { Ok(tx.rollback().await?) });
             if let Err(err) = rollback.await {
                 tracing::warn!(target: "tower_idempotency", error = %crate::observe::Chain(&err), "rolling back the idempotency transaction failed; the connection is discarded");
             }
+        }
+    }
+
+    /// The work was rolled back with the save: the client gets 409 (fenced out) or 503.
+    fn unsaved(failure: &SaveFailure<'_>, lease: Duration) -> Option<Rejection> {
+        Some(mode::rolled_back(failure, lease))
+    }
+}
+
+/// Save the response in the handler's transaction, checked against `token`, then commit; a
+/// record taken over in the meantime rolls the work back instead.
+async fn save_and_commit<St: TransactionalStore>(
+    store: &St,
+    mut tx: sqlx::Transaction<'static, St::Database>,
+    key: &KeyHash,
+    token: FencingToken,
+    response: &StoredResponse,
+    limit: Duration,
+) -> Result<Fenced, StoreError> {
+    // A timeout drops the transaction, which rolls it back unless the COMMIT already landed:
+    // either way the work and the saved answer stay together.
+    let saved = bounded(
+        "the save in the transaction",
+        limit,
+        store.complete_in(&mut tx, key, token, response),
+    );
+    match saved.await? {
+        Fenced::Applied => {
+            bounded("the commit", limit, async { Ok(tx.commit().await?) }).await?;
+            Ok(Fenced::Applied)
+        }
+        Fenced::Lost => {
+            bounded("the rollback", limit, async { Ok(tx.rollback().await?) }).await?;
+            Ok(Fenced::Lost)
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The claimed run: the handler runs under a heartbeat, then its answer is saved or the key
 //! released.
 
-use std::{panic::AssertUnwindSafe, sync::Arc};
+use std::{panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
@@ -10,21 +10,24 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tower_service::Service;
 
-use super::{heartbeat, reject, store_rejection};
+use super::{heartbeat, reject};
 use crate::{
     body::ResponseBody,
     config::Config,
     error::Rejection,
     key::KeyHash,
-    mode::Mode,
+    mode::{Mode, SaveFailure},
     not_processed::NotProcessed,
     observe::{self, Outcome, RequestRecord},
     record,
     retry_after::Running,
-    store::{Fenced, FencingToken, Store, StoredResponse},
+    store::{Fenced, FencingToken, Store, StoreError, StoredResponse},
     timeout::bounded,
     BoxError,
 };
+
+/// Saves tried before giving up on recording an answer that has no transaction to commit with.
+const SAVE_TRIES: u32 = 3;
 
 /// The handler's run once the key is claimed: what it needs to renew, save and release.
 pub(super) struct ClaimedRun<St> {
@@ -49,7 +52,7 @@ impl<St: Store> ClaimedRun<St> {
         mut self,
         inner: S,
         req: Request<ReqBody>,
-        mode_state: M::Attempt,
+        run_state: M::RunState,
     ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -70,16 +73,16 @@ impl<St: Store> ClaimedRun<St> {
         };
         let (parts, (body, trailers)) = match result {
             Err(panic) => {
-                self.give_up::<M>(mode_state, "the handler panicked").await;
+                self.give_up::<M>(run_state, "the handler panicked").await;
                 std::panic::resume_unwind(panic);
             }
             Ok(Err(err)) => {
                 let why = "the inner service returned an error";
-                self.give_up::<M>(mode_state, why).await;
+                self.give_up::<M>(run_state, why).await;
                 return Err(err);
             }
             Ok(Ok((parts, Err(err)))) => {
-                self.give_up::<M>(mode_state, "the response body failed")
+                self.give_up::<M>(run_state, "the response body failed")
                     .await;
                 return Ok(Response::from_parts(parts, ResponseBody::failed(err)));
             }
@@ -89,8 +92,8 @@ impl<St: Store> ClaimedRun<St> {
         drop(running);
 
         if let Some(why) = self.not_to_save(&parts, &trailers) {
-            self.give_up::<M>(mode_state, &why).await;
-        } else if let Some(rejection) = self.save::<M>(mode_state, &parts, &body, &trailers).await {
+            self.give_up::<M>(run_state, &why).await;
+        } else if let Some(rejection) = self.save::<M>(run_state, &parts, &body, &trailers).await {
             return Ok(reject(rejection));
         }
         Ok(Response::from_parts(
@@ -116,56 +119,94 @@ impl<St: Store> ClaimedRun<St> {
         ))
     }
 
-    /// Save the answer (fenced by the token). `Some` when the client must get a rejection
-    /// instead of the answer: in transactional mode a failed save rolled the work back.
+    /// Save the answer (fenced by the token): with the handler's work when the mode has a
+    /// transaction to commit, else on its own. `Some` when the client must get a rejection
+    /// instead of the answer (the mode rolled the work back with a failed save).
     async fn save<M: Mode<St>>(
         &self,
-        mode_state: M::Attempt,
+        run_state: M::RunState,
         parts: &http::response::Parts,
         body: &Bytes,
         trailers: &HeaderMap,
     ) -> Option<Rejection> {
         let headers = record::saved_headers(&parts.headers);
-        let saved = StoredResponse::new(parts.status, headers, body.clone())
+        let response = StoredResponse::new(parts.status, headers, body.clone())
             .with_trailers(trailers.clone());
         let limit = self.config.store_timeout;
-        let finish = M::finish(
-            &self.store,
-            mode_state,
-            &self.key,
-            self.token,
-            &saved,
-            limit,
-        );
-        match observe::timed(self.store.name(), "complete", finish).await {
-            Ok(Fenced::Applied) => self.record.finish(Outcome::Saved, &"answer saved"),
-            Ok(Fenced::Lost) if M::TRANSACTIONAL => {
-                self.record.finish(Outcome::FencedOut, &"the lease was taken over before the commit; the work was rolled back: 409");
-                return Some(Rejection::LeaseLost {
-                    retry_after: self.config.lease,
-                });
+        let save = async {
+            let with_work = M::save_with_work(
+                &self.store,
+                run_state,
+                &self.key,
+                self.token,
+                &response,
+                limit,
+            );
+            match with_work.await {
+                Some(committed) => committed,
+                None => self.save_alone(&response).await,
             }
-            Ok(Fenced::Lost) => self.record.finish(
+        };
+        let err = match observe::timed(self.store.name(), "complete", save).await {
+            Ok(Fenced::Applied) => {
+                self.record.finish(Outcome::Saved, &"answer saved");
+                return None;
+            }
+            Ok(Fenced::Lost) => None,
+            Err(err) => Some(err),
+        };
+        let failure = err
+            .as_ref()
+            .map_or(SaveFailure::FencedOut, SaveFailure::Failed);
+        let rejection = M::unsaved(&failure, self.config.lease);
+        self.report_unsaved(&failure, rejection.as_ref()).await;
+        rejection
+    }
+
+    /// One store write, tried up to [`SAVE_TRIES`] times: a save that fails leaves the work
+    /// done but unrecorded, so that a retry after the lease would run the handler again.
+    async fn save_alone(&self, response: &StoredResponse) -> Result<Fenced, StoreError> {
+        let limit = self.config.store_timeout;
+        let mut tries = 1;
+        loop {
+            let complete = self.store.complete(&self.key, self.token, response);
+            match bounded("the save", limit, complete).await {
+                Err(err) if tries < SAVE_TRIES => {
+                    tracing::warn!(target: "tower_idempotency", key = %self.key, error = %observe::Chain(&err), tries, "saving the response failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(20 << tries)).await;
+                    tries += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// The log line of an answer that was not saved; a store failure that rolled the work back
+    /// also frees the key, so the retry can do the work.
+    async fn report_unsaved(&self, failure: &SaveFailure<'_>, rejection: Option<&Rejection>) {
+        match (failure, rejection) {
+            (SaveFailure::FencedOut, Some(_)) => self.record.finish(
+                Outcome::FencedOut,
+                &"the lease was taken over before the commit; the work was rolled back: 409",
+            ),
+            (SaveFailure::FencedOut, None) => self.record.finish(
                 Outcome::FencedOut,
                 &"the lease was taken over before the answer was saved; the answer is sent but not saved",
             ),
-            Err(err) if M::TRANSACTIONAL => {
-                let rejection = store_rejection(&err);
-                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: {}", observe::Chain(&err), rejection.status().as_u16()));
+            (SaveFailure::Failed(err), Some(rejection)) => {
+                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: {}", observe::Chain(*err), rejection.status().as_u16()));
                 self.release("the commit failed").await;
-                return Some(rejection);
             }
-            Err(err) => self.record.finish(
+            (SaveFailure::Failed(err), None) => self.record.finish(
                 Outcome::StoreError,
-                &format_args!("saving the answer failed: {}; the answer is sent but not saved, and a retry after the lease runs the handler again", observe::Chain(&err)),
+                &format_args!("saving the answer failed: {}; the answer is sent but not saved, and a retry after the lease runs the handler again", observe::Chain(*err)),
             ),
         }
-        None
     }
 
     /// Nothing is saved: undo the mode's uncommitted work, then free the key for a retry.
-    async fn give_up<M: Mode<St>>(&self, mode_state: M::Attempt, why: &str) {
-        M::abandon(mode_state, self.config.store_timeout).await;
+    async fn give_up<M: Mode<St>>(&self, run_state: M::RunState, why: &str) {
+        M::abandon(run_state, self.config.store_timeout).await;
         self.release(why).await;
     }
 

@@ -39,11 +39,9 @@ mod heartbeat;
 use claimed::ClaimedRun;
 use finish_on_drop::FinishOnDrop;
 
-/// How long a client is told to wait when the store is unavailable.
-const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Claims tried when the store reports a conflict (serialization failure, deadlock) before
 /// answering 503.
-const CLAIM_ATTEMPTS: u32 = 3;
+const CLAIM_TRIES: u32 = 3;
 
 /// The inner services the guarded flow calls: sent to the runtime when a client disconnects, so
 /// they, their futures and their errors must be `Send + 'static`.
@@ -78,19 +76,6 @@ impl<B> GuardedBody for B where B: Body<Data: Send, Error: Into<BoxError>> + Sen
 trait RecordedBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
 
 impl<B> RecordedBody for B where B: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
-
-/// The answer to a store error: 503 for what a retry can cure, 500 for what needs an operator.
-fn store_rejection(err: &StoreError) -> Rejection {
-    match err.kind() {
-        StoreErrorKind::Full => Rejection::StoreFull {
-            retry_after: STORE_RETRY_AFTER,
-        },
-        _ if err.is_transient() => Rejection::StoreUnavailable {
-            retry_after: STORE_RETRY_AFTER,
-        },
-        _ => Rejection::StoreFailed,
-    }
-}
 
 /// The middleware produced by [`Idempotency`](crate::Idempotency). See the crate docs for the request flow.
 pub struct IdempotencyService<S, St, M = Standard> {
@@ -441,7 +426,7 @@ async fn respond<S, St, M, ReqBody, ResBody>(
     layer: Shared<St, M>,
     prepared: Prepared,
     token: FencingToken,
-    outcome: Result<(ClaimOutcome, Option<M::Attempt>), StoreError>,
+    outcome: Result<(ClaimOutcome, Option<M::RunState>), StoreError>,
     record: Arc<RequestRecord>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -501,7 +486,7 @@ where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
 {
     if !config.fail_open {
-        let rejection = store_rejection(err);
+        let rejection = Rejection::for_store_error(err);
         record.finish(
             Outcome::StoreError,
             &format_args!(
@@ -541,7 +526,7 @@ async fn run_claimed<S, St, M, ReqBody, ResBody>(
     inner: S,
     layer: Shared<St, M>,
     prepared: Prepared,
-    claim: ClaimedKey<M::Attempt>,
+    claim: ClaimedKey<M::RunState>,
     record: Arc<RequestRecord>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -573,7 +558,7 @@ where
     } = prepared;
     let path = parts.uri.path().to_owned();
     parts.extensions.insert(key);
-    let mode_state = M::start(&layer.store, &mut parts.extensions, claimed);
+    let run_state = M::begin_run(&layer.store, &mut parts.extensions, claimed);
     let req = Request::from_parts(parts, RequestBody::buffered(bytes));
     let run = ClaimedRun {
         store: layer.store.clone(),
@@ -587,7 +572,7 @@ where
     // If the client disconnects and this future is dropped, the run is handed to the runtime:
     // the handler runs to the end and its answer is recorded.
     FinishOnDrop::new(
-        run.execute::<S, M, RequestBody<ReqBody>, ResBody>(inner, req, mode_state)
+        run.execute::<S, M, RequestBody<ReqBody>, ResBody>(inner, req, run_state)
             .in_current_span(),
     )
     .await
@@ -599,23 +584,21 @@ async fn claim<St: Store, M: Mode<St>>(
     key: KeyHash,
     fingerprint: Fingerprint,
     token: FencingToken,
-) -> Result<(ClaimOutcome, Option<M::Attempt>), crate::store::StoreError> {
+) -> Result<(ClaimOutcome, Option<M::RunState>), StoreError> {
     let config = &layer.config;
     let claim = Claim::new(key, fingerprint, token, config.lease, config.ttl);
     let deadline = config.wait.map(|wait| Instant::now() + wait);
     let mut waited = false;
     let mut conflicts = 0;
     loop {
-        let attempt = bounded(
+        let claimed = bounded(
             "the claim",
             config.store_timeout,
             M::claim(&layer.store, &claim),
         );
-        let (outcome, claimed) = match observe::timed(layer.store.name(), "claim", attempt).await {
+        let (outcome, claimed) = match observe::timed(layer.store.name(), "claim", claimed).await {
             // Nothing was written: the same claim again is expected to go through.
-            Err(err)
-                if err.kind() == StoreErrorKind::Conflict && conflicts + 1 < CLAIM_ATTEMPTS =>
-            {
+            Err(err) if err.kind() == StoreErrorKind::Conflict && conflicts + 1 < CLAIM_TRIES => {
                 conflicts += 1;
                 tracing::debug!(target: "tower_idempotency", error = %observe::Chain(&err), conflicts, "the claim conflicted with a concurrent one; claiming again");
                 tokio::time::sleep(Duration::from_millis(5 << conflicts)).await;
