@@ -5,10 +5,10 @@ use std::time::Duration;
 use axum::{
     body::Bytes,
     extract::{
-        rejection::{BytesRejection, PathRejection, QueryRejection},
-        Path, Query, State,
+        rejection::{JsonRejection, PathRejection, QueryRejection},
+        FromRequest, Path, Query, Request, State,
     },
-    http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri},
+    http::{header, HeaderValue, Method, StatusCode, Uri},
     response::{IntoResponse, Response},
     Json,
 };
@@ -43,6 +43,11 @@ pub struct Order {
 
 /// The body of `POST /orders`: `{"customerId": "c_1", "totalCents": 4000}`.
 ///
+/// As an extractor it reads the body as JSON and validates it. A request without
+/// `Content-Type` is read as JSON; one with a `Content-Type` other than `application/json` or
+/// `application/*+json` (such as the `application/x-www-form-urlencoded` that `curl -d` sends by
+/// default) is refused. Every refusal is a 400 [`Problem`] that says what to fix, marked
+/// [`NotProcessed`](tower_idempotency::NotProcessed) so the corrected order can reuse the key.
 /// Unknown fields are ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
 #[serde(
@@ -56,41 +61,58 @@ pub struct NewOrder {
     pub total_cents: i64,
 }
 
-impl NewOrder {
-    /// Parse and validate a request body.
-    ///
-    /// The body must be JSON. A request without `Content-Type` is read as JSON; a
-    /// `Content-Type` other than `application/json` or `application/*+json` (such as the
-    /// `application/x-www-form-urlencoded` that `curl -d` sends by default) is refused. Every refusal is a 400 [`Problem`] that says what to fix.
-    pub fn parse(content_type: Option<&HeaderValue>, body: &[u8]) -> Result<Self, Problem> {
-        if let Some(value) = content_type {
-            if !is_json(value) {
-                let shown = value.to_str().unwrap_or("(not text)");
-                return Err(Problem::invalid_order(format!(
-                    "the body must be JSON, but Content-Type is `{shown}`; send `Content-Type: application/json` and a body like {EXAMPLE_BODY}"
-                )));
-            }
+impl<S: Send + Sync> FromRequest<S> for NewOrder {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        // Not `Json<NewOrder>` as the extractor: it answers 415 to a body without
+        // `Content-Type` (which this API reads as JSON) and refuses valid types such as
+        // `application/json ;charset=utf-8`. So the type is checked here and `Json` only parses.
+        let content_type = req.headers().get(header::CONTENT_TYPE).cloned();
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(|err| invalid_body(err.into()))?;
+        if let Some(value) = content_type.filter(|value| !is_json(value)) {
+            let shown = value.to_str().unwrap_or("(not text)");
+            return Err(Problem::invalid_order(format!(
+                "the body must be JSON, but Content-Type is `{shown}`; send `Content-Type: application/json` and a body like {EXAMPLE_BODY}"
+            )));
         }
-        if body.iter().all(u8::is_ascii_whitespace) {
+        if body.trim_ascii().is_empty() {
             return Err(Problem::invalid_order(format!(
                 "the body is empty; send a JSON object like {EXAMPLE_BODY}"
             )));
         }
-        let order: NewOrder = serde_json::from_slice(body).map_err(|err| {
-            use serde_json::error::Category;
-            Problem::invalid_order(match err.classify() {
-                Category::Syntax | Category::Eof | Category::Io => format!(
-                    "the body is not valid JSON ({err}); send a JSON object like {EXAMPLE_BODY}"
-                ),
-                Category::Data => format!(
-                    "the body is not a valid order: {err}; `customerId` is a string and `totalCents` a whole number of cents, like {EXAMPLE_BODY}"
-                ),
-            })
-        })?;
+        let Json(order) = Json::<NewOrder>::from_bytes(&body).map_err(invalid_body)?;
         order.validate()?;
         Ok(order)
     }
+}
 
+/// The 400 for a body `Json` cannot read. The detail quotes serde's message (the source, without
+/// axum's preamble), such as "missing field `totalCents` at line 1 column 21".
+fn invalid_body(rejection: JsonRejection) -> Problem {
+    let cause = std::error::Error::source(&rejection)
+        .map_or_else(|| rejection.body_text(), ToString::to_string);
+    Problem::invalid_order(match rejection {
+        JsonRejection::JsonSyntaxError(_) => format!(
+            "the body is not valid JSON ({cause}); send a JSON object like {EXAMPLE_BODY}"
+        ),
+        JsonRejection::JsonDataError(_) => format!(
+            "the body is not a valid order: {cause}; `customerId` is a string and `totalCents` a whole number of cents, like {EXAMPLE_BODY}"
+        ),
+        JsonRejection::BytesRejection(err) => {
+            format!("the body could not be read ({err}); send it again")
+        }
+        // `from_bytes` never checks the Content-Type (`NewOrder` does); this arm also covers
+        // variants a later axum may add.
+        _ => format!(
+            "the body cannot be read as JSON ({cause}); send `Content-Type: application/json` and a body like {EXAMPLE_BODY}"
+        ),
+    })
+}
+
+impl NewOrder {
     fn validate(&self) -> Result<(), Problem> {
         if self.customer_id.trim().is_empty() {
             return Err(Problem::invalid_order(
@@ -136,7 +158,8 @@ pub(crate) async fn one_of_the_permits(
     next.run(req).await
 }
 
-/// `application/json`, or `application/<anything>+json`, with any parameters.
+/// `application/json`, or `application/<anything>+json`, with any parameters (and the optional
+/// whitespace RFC 9110 allows before them).
 fn is_json(content_type: &HeaderValue) -> bool {
     let Ok(value) = content_type.to_str() else {
         return false;
@@ -172,14 +195,8 @@ pub(crate) async fn create_order<B: Backend>(
     State(state): State<AppState<B>>,
     key: IdempotencyKey,
     tx: IdempotencyTransaction<B>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    input: NewOrder,
 ) -> Result<Response, Problem> {
-    let body = body.map_err(|err| {
-        Problem::invalid_order(format!("the body could not be read ({err}); send it again"))
-    })?;
-    let input = NewOrder::parse(headers.get(header::CONTENT_TYPE), &body)?;
-
     state
         .payments
         .authorize(&key, &input.customer_id, input.total_cents)
@@ -304,64 +321,100 @@ pub(crate) async fn not_found(method: Method, uri: Uri) -> Problem {
 
 #[cfg(test)]
 mod tests {
+    use axum::body::Body;
+
     use super::*;
 
-    fn json() -> HeaderValue {
-        HeaderValue::from_static("application/json")
+    /// `NewOrder` extracted from a `POST /orders` with this `Content-Type` and body.
+    async fn extract(
+        content_type: Option<&str>,
+        body: impl Into<Body>,
+    ) -> Result<NewOrder, Problem> {
+        let mut request = Request::post("/orders");
+        if let Some(value) = content_type {
+            request = request.header(header::CONTENT_TYPE, value);
+        }
+        NewOrder::from_request(request.body(body.into()).unwrap(), &()).await
     }
 
-    fn parse(ct: Option<&str>, body: &str) -> Result<NewOrder, Problem> {
-        let ct = ct.map(|v| HeaderValue::from_str(v).unwrap());
-        NewOrder::parse(ct.as_ref(), body.as_bytes())
+    async fn parse(content_type: Option<&str>, body: &str) -> Result<NewOrder, Problem> {
+        extract(content_type, body.to_owned()).await
     }
 
-    #[test]
-    fn a_valid_order_parses_with_or_without_content_type() {
+    #[tokio::test]
+    async fn a_valid_order_parses_with_or_without_content_type() {
         let expected = NewOrder {
             customer_id: "c_1".into(),
             total_cents: 4000,
         };
+        for content_type in [
+            None,
+            Some("application/json"),
+            Some("Application/JSON"),
+            Some("application/merge+json; charset=utf-8"),
+            // Valid (RFC 9110 allows whitespace before `;`), though axum's `Json` refuses it.
+            Some("application/json ;charset=utf-8"),
+        ] {
+            assert_eq!(
+                parse(content_type, EXAMPLE_BODY).await.unwrap(),
+                expected,
+                "{content_type:?}"
+            );
+        }
+        let with_extra = r#"{"customerId": "c_1", "totalCents": 4000, "note": "gift"}"#;
         assert_eq!(
-            NewOrder::parse(Some(&json()), EXAMPLE_BODY.as_bytes()).unwrap(),
-            expected
-        );
-        assert_eq!(parse(None, EXAMPLE_BODY).unwrap(), expected);
-        assert_eq!(
-            parse(Some("application/merge+json; charset=utf-8"), EXAMPLE_BODY).unwrap(),
-            expected
+            parse(None, with_extra).await.unwrap(),
+            expected,
+            "unknown fields are ignored"
         );
     }
 
-    #[test]
-    fn invalid_bodies_say_what_to_fix() {
+    #[tokio::test]
+    async fn invalid_bodies_say_what_to_fix() {
         let cases = [
             (Some("application/json"), "", "empty"),
+            (Some("application/json"), " \n\t", "empty"),
             (Some("application/json"), "{", "not valid JSON"),
+            (
+                Some("application/json"),
+                r#"{"customerId": "c_1", "#,
+                "not valid JSON",
+            ),
+            (
+                Some("application/json"),
+                &format!("{EXAMPLE_BODY} x"),
+                "trailing characters",
+            ),
             (Some("application/json"), "[1]", "customerId"),
             (
                 Some("application/json"),
                 r#"{"totalCents": 4000}"#,
-                "missing field `customerId`",
+                "not a valid order: missing field `customerId` at line 1",
             ),
             (
                 Some("application/json"),
                 r#"{"customerId": "c_1"}"#,
-                "missing field `totalCents`",
+                "not a valid order: missing field `totalCents` at line 1",
             ),
             (
                 Some("application/json"),
                 r#"{"customerId": "c_1", "totalCents": "40"}"#,
-                "invalid type",
+                "totalCents: invalid type",
             ),
             (
                 Some("application/json"),
                 r#"{"customerId": "c_1", "totalCents": 40.5}"#,
-                "invalid type",
+                "totalCents: invalid type",
             ),
             (
                 Some("application/json"),
                 r#"{"customerId": 7, "totalCents": 40}"#,
-                "invalid type",
+                "customerId: invalid type",
+            ),
+            (
+                Some("application/json"),
+                r#"{"customerId": null, "totalCents": 40}"#,
+                "customerId: invalid type: null",
             ),
             (
                 Some("application/json"),
@@ -383,13 +436,25 @@ mod tests {
                 EXAMPLE_BODY,
                 "Content-Type is `text/plain`",
             ),
+            (
+                Some("application/x-www-form-urlencoded"),
+                EXAMPLE_BODY,
+                "send `Content-Type: application/json`",
+            ),
+            (Some("application/json5"), EXAMPLE_BODY, "Content-Type"),
         ];
         for (ct, body, needle) in cases {
-            let problem = parse(ct, body).unwrap_err();
+            let problem = parse(ct, body).await.unwrap_err();
             assert_eq!(problem.status, StatusCode::BAD_REQUEST, "{body}");
+            assert!(problem.not_processed, "{body}: the key is released");
             assert!(
                 problem.detail.contains(needle),
                 "{body}: {:?} lacks {needle:?}",
+                problem.detail
+            );
+            assert!(
+                !problem.detail.contains("Failed to"),
+                "{body}: axum's preamble leaked: {:?}",
                 problem.detail
             );
         }
@@ -402,7 +467,7 @@ mod tests {
             "a\u{85}b",
         ] {
             let body = serde_json::json!({"customerId": bad, "totalCents": 1}).to_string();
-            let problem = parse(None, &body).unwrap_err();
+            let problem = parse(None, &body).await.unwrap_err();
             assert_eq!(problem.status, StatusCode::BAD_REQUEST, "{bad:?}");
             assert!(problem.not_processed, "{bad:?}");
             assert!(problem.detail.contains("control character"), "{bad:?}");
@@ -412,8 +477,37 @@ mod tests {
             "x".repeat(256)
         );
         assert!(parse(None, &long)
+            .await
             .unwrap_err()
             .detail
             .contains("256 characters"));
+    }
+
+    #[tokio::test]
+    async fn a_body_that_cannot_be_read_is_a_400() {
+        // Over axum's default 2 MiB body limit: `Bytes` refuses it (the layer's own limit
+        // answers 413 before this in the real router).
+        let too_long = " ".repeat(2 * 1024 * 1024 + 1);
+        let problem = extract(Some("application/json"), too_long)
+            .await
+            .unwrap_err();
+        assert_eq!(problem.status, StatusCode::BAD_REQUEST);
+        assert!(problem.not_processed);
+        assert!(
+            problem.detail.starts_with("the body could not be read (")
+                && problem.detail.ends_with("); send it again"),
+            "{:?}",
+            problem.detail
+        );
+    }
+
+    #[test]
+    fn every_json_rejection_is_an_invalid_order() {
+        // `NewOrder` checks the Content-Type itself, so `from_bytes` never answers this; should
+        // it, it is the same 400, not axum's 415.
+        let missing = invalid_body(JsonRejection::MissingJsonContentType(Default::default()));
+        assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+        assert!(missing.not_processed);
+        assert!(missing.detail.contains("Content-Type: application/json"));
     }
 }
