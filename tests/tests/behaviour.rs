@@ -5,6 +5,9 @@
 //! every behaviour. Each backend passes an expression that makes a fresh store: a new database
 //! (migrated) or a new Redis key prefix.
 //!
+//! Each backend runs the suite in the default mode; `modes` runs it again in transactional mode
+//! (PostgreSQL, SQLite) and single-commit mode (PostgreSQL): `behaviour_tests!(store, mode)`.
+//!
 //! The store-down and transactional tests are backend-specific and live in their own modules.
 //!
 //! Run with `DATABASE_URL` and `REDIS_URL` set (see `scripts/test.sh`).
@@ -33,6 +36,29 @@ mod sqlite {
 mod redis {
     use super::*;
     behaviour_tests!(stores::redis_store().await);
+}
+
+/// The whole suite again with the layer in transactional mode (the handlers never begin the
+/// transaction) on the SQL stores, and in single-commit mode on PostgreSQL. Where a mode's
+/// contract differs by design, the body asserts that mode's (`suite::flavour::Contract`); no
+/// behaviour is skipped.
+mod modes {
+    use super::*;
+
+    mod transactional_postgres {
+        use super::*;
+        behaviour_tests!(stores::postgres_store().await, transactional);
+    }
+
+    mod transactional_sqlite {
+        use super::*;
+        behaviour_tests!(stores::sqlite_store().await, transactional);
+    }
+
+    mod single_commit_postgres {
+        use super::*;
+        behaviour_tests!(stores::postgres_store().await, single_commit);
+    }
 }
 
 /// A store that cannot be reached: 503 by default (handler not called), the handler with

@@ -3,8 +3,11 @@
 //! never a wait on the uncommitted row); a crash rolls everything back and the retry runs at
 //! once.
 //!
-//! The suite's app (`suite::routes`) for the behaviours that need no database work, and `/w/..`
-//! routes that write a row in the idempotency transaction for the rest.
+//! The behaviours that need no database work (concurrency, two instances, 409 and its
+//! `Retry-After: 1`, wait mode, panics, leases, ...) are the whole behaviour suite, run in this
+//! mode by `behaviour.rs` (`modes::single_commit_postgres`). This file holds what needs the
+//! handler's own writes: `/w/..` routes that write a row in the idempotency transaction, and the
+//! crash test.
 
 use std::{
     sync::{
@@ -27,9 +30,7 @@ use tokio::sync::watch;
 use tower_idempotency::{
     store::postgres::PostgresStore, Idempotency, IdempotencyKey, IdempotencyTransaction,
 };
-use tower_idempotency_tests::suite::{
-    self, concurrently, send, serve, serve_router, AppState, Reply, TestServer, ORDER,
-};
+use tower_idempotency_tests::suite::{self, send, serve_router, AppState, TestServer, ORDER};
 
 /// No test may take longer than this, whatever hangs.
 const TEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -102,7 +103,7 @@ async fn write(
     if what == "held" {
         writes.entered.send_modify(|n| *n += 1);
         let mut release = writes.release.subscribe();
-        let _ = tokio::time::timeout(TEST_TIMEOUT, release.wait_for(|r| *r)).await;
+        let _ = tokio::time::timeout(suite::SIGNAL_TIMEOUT, release.wait_for(|r| *r)).await;
     }
     let status = if what == "flaky" && n == 1 {
         StatusCode::SERVICE_UNAVAILABLE
@@ -126,60 +127,8 @@ async fn serve_writes(store: PostgresStore) -> (TestServer, Arc<Writes>, PgPool)
     )
 }
 
-/// Exactly one 201 that is not a replay; every other answer a replay of it or a 409.
-fn assert_one_execution(replies: &[Reply]) {
-    let originals: Vec<&Reply> = replies.iter().filter(|r| !r.replayed()).collect();
-    let executed: Vec<&&Reply> = originals
-        .iter()
-        .filter(|r| r.status == StatusCode::CREATED)
-        .collect();
-    assert_eq!(executed.len(), 1, "not one execution: {replies:?}");
-    for reply in replies {
-        if reply.replayed() {
-            reply.assert_replay_of(executed[0]);
-        } else if reply.status == StatusCode::CONFLICT {
-            reply.assert_in_flight();
-        } else {
-            assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
-        }
-    }
-}
-
 async fn run<F: std::future::Future<Output = ()>>(name: &str, f: F) {
     suite::bounded(TEST_TIMEOUT, name, f).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn fifty_concurrent_attempts_execute_once() {
-    run("fifty_concurrent_attempts_execute_once", async {
-        let server = serve(layer(store().await)).await;
-        let replies = concurrently(50, |_| server.order("seed-key")).await;
-        assert_one_execution(&replies);
-        assert_eq!(server.state.executions(), 1);
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_instances_execute_each_key_once() {
-    run("two_instances_execute_each_key_once", async {
-        let store = store().await;
-        let a = serve(layer(store.clone())).await;
-        let b = serve(layer(store)).await;
-        for key in ["k-1", "k-2", "k-3"] {
-            let replies = concurrently(20, |i| {
-                if i % 2 == 0 {
-                    a.order(key)
-                } else {
-                    b.order(key)
-                }
-            })
-            .await;
-            assert_one_execution(&replies);
-        }
-        assert_eq!(a.state.executions() + b.state.executions(), 3);
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -208,34 +157,6 @@ async fn commit_saves_row_and_answer_once() {
     .await;
 }
 
-/// A duplicate of a running attempt gets 409 at once (it does not wait for the uncommitted
-/// claim), with `Retry-After: 1`; after the commit it gets the replay.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn duplicate_while_running_is_409_at_once() {
-    run("duplicate_while_running_is_409_at_once", async {
-        let (server, writes, pool) = serve_writes(store().await).await;
-        let first = tokio::spawn(send(server.post_key("/w/held", "w-held", ORDER)));
-        let mut entered = writes.entered.subscribe();
-        entered.wait_for(|n| *n >= 1).await.unwrap();
-        let started = Instant::now();
-        let duplicate = send(server.post_key("/w/held", "w-held", ORDER)).await;
-        let took = started.elapsed();
-        assert_eq!(duplicate.assert_in_flight(), 1);
-        assert!(
-            took < Duration::from_secs(2),
-            "the duplicate waited {took:?}"
-        );
-        writes.release.send_replace(true);
-        let first = first.await.unwrap();
-        first.assert_executed(StatusCode::CREATED, 1);
-        send(server.post_key("/w/held", "w-held", ORDER))
-            .await
-            .assert_replay_of(&first);
-        assert_eq!(widgets(&pool).await, 1);
-    })
-    .await;
-}
-
 /// A 503 is not saved: the claim and the row roll back together, and the retry runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn not_saved_status_rolls_back_claim_and_work() {
@@ -244,11 +165,11 @@ async fn not_saved_status_rolls_back_claim_and_work() {
         let first = send(server.post_key("/w/flaky", "w-flaky", ORDER)).await;
         assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(widgets(&pool).await, 0);
-        let records: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_records")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert_eq!(records, 0, "the rolled-back claim left a record");
+        assert_eq!(
+            records(&pool).await,
+            0,
+            "the rolled-back claim left a record"
+        );
         send(server.post_key("/w/flaky", "w-flaky", ORDER))
             .await
             .assert_executed(StatusCode::CREATED, 2);
@@ -257,24 +178,38 @@ async fn not_saved_status_rolls_back_claim_and_work() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn panicking_handler_rolls_back_and_the_retry_runs() {
-    run("panicking_handler_rolls_back_and_the_retry_runs", async {
-        let server = serve(layer(store().await)).await;
-        let first = suite::try_send(server.post_key("/panic", "p-1", ORDER)).await;
-        assert!(
-            first.map_or(true, |r| r.status == StatusCode::INTERNAL_SERVER_ERROR),
-            "a panic is a 500 or a dropped connection"
-        );
-        send(server.post_key("/panic", "p-1", ORDER))
-            .await
-            .assert_executed(StatusCode::CREATED, 2);
-    })
-    .await;
+/// How many records the idempotency table holds, committed ones.
+async fn records(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idempotency_records")
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
 
-/// A crash (the database connection of the running attempt dies): claim and work roll back
-/// together, and the retry runs at once, with no lease to wait for.
+/// The advisory locks granted in this database: one per running single-commit attempt.
+async fn advisory_locks(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND database = \
+         (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Wait (bounded) until `n` `/w/held` handlers have written their row.
+async fn wait_entered(writes: &Writes, n: usize) {
+    let mut entered = writes.entered.subscribe();
+    tokio::time::timeout(suite::SIGNAL_TIMEOUT, entered.wait_for(|e| *e >= n))
+        .await
+        .unwrap_or_else(|_| panic!("{n} held handlers never started"))
+        .expect("the signal is alive");
+}
+
+/// The crash test. The running attempt's transaction dies mid-handler (its database connection
+/// is killed, as when the process dies): a duplicate meanwhile got 409 at once; the claim and
+/// the work roll back together, leaving no record and no row; the retry of the same request
+/// runs at once (no lease to wait for) while the crashed handler is still there, and runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crash_rolls_back_everything_and_the_retry_runs_at_once() {
     run(
@@ -282,63 +217,62 @@ async fn crash_rolls_back_everything_and_the_retry_runs_at_once() {
         async {
             let (server, writes, pool) = serve_writes(store().await).await;
             let first = tokio::spawn(send(server.post_key("/w/held", "w-crash", ORDER)));
-            let mut entered = writes.entered.subscribe();
-            entered.wait_for(|n| *n >= 1).await.unwrap();
+            wait_entered(&writes, 1).await;
+            // A duplicate of the running attempt (its claim and row uncommitted): 409 at once,
+            // `Retry-After: 1`, never a wait on the uncommitted row.
+            let started = Instant::now();
+            let duplicate = send(server.post_key("/w/held", "w-crash", ORDER)).await;
+            assert_eq!(duplicate.assert_in_flight(), 1);
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "the duplicate waited {:?}",
+                started.elapsed()
+            );
             // The backend holding the key's advisory lock is the running attempt's: kill it.
             let killed: Vec<bool> = sqlx::query_scalar(
                 "SELECT pg_terminate_backend(pid) FROM pg_locks \
-             WHERE locktype = 'advisory' AND granted AND database = \
-             (SELECT oid FROM pg_database WHERE datname = current_database())",
+                 WHERE locktype = 'advisory' AND granted AND database = \
+                 (SELECT oid FROM pg_database WHERE datname = current_database())",
             )
             .fetch_all(&pool)
             .await
             .unwrap();
             assert_eq!(killed, [true]);
-            let started = Instant::now();
-            let retry = loop {
-                // The server notices the dead backend only when the attempt commits; the lock and
-                // the uncommitted claim are gone at once.
-                let reply = send(server.post_key("/w/write", "w-crash", ORDER)).await;
-                if reply.status != StatusCode::CONFLICT {
-                    break reply;
-                }
-                assert!(
-                    started.elapsed() < Duration::from_secs(5),
-                    "the retry kept getting 409"
-                );
+            // The backend exits asynchronously; PostgreSQL gives no signal: poll (bounded) until
+            // its transaction, and with it the lock, is gone.
+            let mut polls = 0;
+            while advisory_locks(&pool).await > 0 {
+                polls += 1;
+                assert!(polls < 250, "the killed backend kept its advisory lock");
                 tokio::time::sleep(Duration::from_millis(20)).await;
-            };
-            retry.assert_executed(StatusCode::CREATED, 2);
+            }
+            // No record and no work are left.
+            assert_eq!(records(&pool).await, 0, "the crashed claim left a record");
+            assert_eq!(
+                widgets(&pool).await,
+                0,
+                "the crashed attempt's row survived"
+            );
+            // The retry (the same request) claims at once: it is in its handler while the crashed
+            // attempt's handler still waits, well within any lease.
+            let retry = tokio::spawn(send(server.post_key("/w/held", "w-crash", ORDER)));
+            wait_entered(&writes, 2).await;
             writes.release.send_replace(true);
             let first = first.await.unwrap();
             assert_ne!(
                 first.status,
                 StatusCode::CREATED,
-                "the crashed attempt committed"
+                "the crashed attempt answered as if committed: {first:?}"
             );
-            assert_eq!(
-                widgets(&pool).await,
-                1,
-                "the crashed attempt's row survived"
-            );
-            send(server.post_key("/w/write", "w-crash", ORDER))
+            assert!(!first.replayed());
+            let retry = retry.await.unwrap();
+            retry.assert_executed(StatusCode::CREATED, 2);
+            assert_eq!(widgets(&pool).await, 1, "the retry's row, once");
+            send(server.post_key("/w/held", "w-crash", ORDER))
                 .await
                 .assert_replay_of(&retry);
+            assert_eq!(writes.executions.load(Ordering::SeqCst), 2);
         },
     )
-    .await;
-}
-
-/// Wait mode polls (an uncommitted claim cannot be watched) and replays the first answer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn wait_mode_replays_to_concurrent_attempts() {
-    run("wait_mode_replays_to_concurrent_attempts", async {
-        let server = serve(layer(store().await).wait_for_in_flight(Duration::from_secs(5))).await;
-        let replies = concurrently(20, |_| server.post_key("/slow", "wait-1", ORDER)).await;
-        assert_eq!(server.state.executions(), 1);
-        let original = replies.iter().find(|r| !r.replayed()).expect("an original");
-        original.assert_executed(StatusCode::CREATED, 1);
-        assert_eq!(replies.iter().filter(|r| r.replayed()).count(), 19);
-    })
     .await;
 }

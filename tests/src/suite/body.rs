@@ -3,8 +3,8 @@
 use super::*;
 
 /// A body over the limit (declared by `Content-Length`): 413, and the key is not claimed.
-pub async fn body_over_limit_is_413_and_claims_nothing(store: impl Store) {
-    let server = serve(Idempotency::new(store).with_body_limit(64)).await;
+pub async fn body_over_limit_is_413_and_claims_nothing<St: Store, F: Flavour<St>>(store: St) {
+    let server = serve(F::layer(store).with_body_limit(64)).await;
     let big = format!(r#"{{"padding":"{}"}}"#, "x".repeat(100));
     send(server.post_key("/orders", "big-1", &big))
         .await
@@ -23,8 +23,10 @@ pub async fn body_over_limit_is_413_and_claims_nothing(store: impl Store) {
 }
 
 /// A chunked body (no `Content-Length`) that grows over the limit: 413, nothing claimed.
-pub async fn chunked_body_over_limit_is_413_and_claims_nothing(store: impl Store) {
-    let server = serve(Idempotency::new(store).with_body_limit(64)).await;
+pub async fn chunked_body_over_limit_is_413_and_claims_nothing<St: Store, F: Flavour<St>>(
+    store: St,
+) {
+    let server = serve(F::layer(store).with_body_limit(64)).await;
     let chunk = "x".repeat(40);
     let request = format!(
         "POST /orders HTTP/1.1\r\nhost: 127.0.0.1\r\nidempotency-key: chunked-1\r\n\

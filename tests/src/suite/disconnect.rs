@@ -4,8 +4,8 @@ use super::*;
 
 /// A client that disconnects mid-handler does not stop the handler; its answer is saved and the
 /// retry replays it (no second execution).
-pub async fn client_disconnect_still_records_the_answer(store: impl Store) {
-    let server = serve(Idempotency::new(store)).await;
+pub async fn client_disconnect_still_records_the_answer<St: Store, F: Flavour<St>>(store: St) {
+    let server = serve(F::layer(store)).await;
     // its own client, so the aborted connection is not reused
     let request = client()
         .post(server.url("/held"))

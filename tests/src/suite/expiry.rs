@@ -4,9 +4,9 @@ use super::*;
 
 /// After the retention (`with_ttl`) the record is gone: the key can be claimed again, even by a
 /// different request.
-pub async fn expired_record_is_claimed_afresh(store: impl Store) {
+pub async fn expired_record_is_claimed_afresh<St: Store, F: Flavour<St>>(store: St) {
     const TTL: Duration = Duration::from_millis(500);
-    let server = serve(Idempotency::new(store).with_ttl(TTL)).await;
+    let server = serve(F::layer(store).with_ttl(TTL)).await;
     let first = send(server.order("ttl-1")).await;
     // the claim happened before the answer: the record expires before `answered + TTL`
     let answered = Instant::now();
@@ -27,12 +27,12 @@ pub async fn expired_record_is_claimed_afresh(store: impl Store) {
 
 /// A takeover of a dead holder's record keeps the original expiry (counted from the first
 /// claim), not a new one from the takeover.
-pub async fn takeover_keeps_the_original_expiry(store: impl Store) {
+pub async fn takeover_keeps_the_original_expiry<St: Store, F: Flavour<St>>(store: St) {
     const DEAD_LEASE: Duration = Duration::from_millis(200);
     const ORIGINAL_TTL: Duration = Duration::from_millis(1200);
     let store = Arc::new(store);
     // the layer's own retention is a day: only the original claim's expiry can free the key
-    let server = serve(Idempotency::from_shared(store.clone())).await;
+    let server = serve(F::from_shared(store.clone())).await;
     let outcome = store
         .claim(&new_claim(
             key_hash("expiry-1"),

@@ -8,8 +8,8 @@ fn values<'a>(headers: &'a HeaderMap, name: &str) -> Vec<&'a [u8]> {
 
 /// The replay carries `Content-Type`, `Location` and every `Link` value in order; not
 /// `Set-Cookie`, the handler's `Date`, or a hop-by-hop header named in `Connection`.
-pub async fn replay_keeps_resource_headers_only(store: impl Store) {
-    let server = serve(Idempotency::new(store)).await;
+pub async fn replay_keeps_resource_headers_only<St: Store, F: Flavour<St>>(store: St) {
+    let server = serve(F::layer(store)).await;
     let first = send(server.order("headers-1")).await;
     first.assert_executed(StatusCode::CREATED, 1);
     // the original carries everything the handler set

@@ -4,10 +4,21 @@ use super::*;
 
 /// A claim whose holder died (its lease lapsed) is taken over; the dead holder's token is fenced
 /// out: its `complete`, `renew` and `release` change nothing, and the replay shows the new answer.
-pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced(store: impl Store) {
+///
+/// The dead holder claims directly in the store (a committed claim with a lease, as a process of
+/// a leased mode leaves it when it dies). Single-commit mode's own attempts never leave one (a
+/// crash rolls the claim back), but its claim takes such a record over like the other modes; the
+/// takeover stays uncommitted while the new holder runs, so the stale holder's calls wait on its
+/// row lock and are fenced once it commits (see [`Contract::claim_committed_first`]).
+///
+/// [`Contract::claim_committed_first`]: super::flavour::Contract::claim_committed_first
+pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced<St: Store, F: Flavour<St>>(
+    store: St,
+) {
     const DEAD_LEASE: Duration = Duration::from_millis(300);
+    let contract = F::CONTRACT;
     let store = Arc::new(store);
-    let server = serve(Idempotency::from_shared(store.clone())).await;
+    let server = serve(F::from_shared(store.clone())).await;
     let key = key_hash("lease-1");
     // the dead holder: claimed directly in the store, never renewed
     let dead = new_claim(key, fingerprint("/held", ORDER), DEAD_LEASE, DEFAULT_TTL);
@@ -33,25 +44,41 @@ pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced(store: impl Stor
         HeaderMap::new(),
         Bytes::from_static(b"{\"execution\":0,\"stale\":true}"),
     );
-    assert_eq!(
-        store.complete(&key, stale, &stale_answer).await.unwrap(),
-        Fenced::Lost
-    );
-    assert_eq!(
-        store
-            .renew(&key, stale, Duration::from_secs(60))
-            .await
-            .unwrap(),
-        Fenced::Lost
-    );
-    assert_eq!(store.release(&key, stale).await.unwrap(), Fenced::Lost);
+    let stale_calls = {
+        let store = store.clone();
+        let stale_answer = stale_answer.clone();
+        async move {
+            [
+                store.complete(&key, stale, &stale_answer).await.unwrap(),
+                store
+                    .renew(&key, stale, Duration::from_secs(60))
+                    .await
+                    .unwrap(),
+                store.release(&key, stale).await.unwrap(),
+            ]
+        }
+    };
+    let stale_calls = if contract.claim_committed_first {
+        // answered at once, while the new holder still runs
+        let fenced = bounded(SIGNAL_TIMEOUT, "the stale holder's calls", stale_calls).await;
+        assert_eq!(fenced, [Fenced::Lost; 3]);
+        None
+    } else {
+        // they wait for the new holder's transaction: checked once it has committed
+        Some(tokio::spawn(stale_calls))
+    };
     // ... and the record is still the new holder's: a duplicate is in flight
-    send(server.post_key("/held", "lease-1", ORDER))
-        .await
-        .assert_in_flight();
+    let duplicate = send(server.post_key("/held", "lease-1", ORDER)).await;
+    contract.assert_in_flight(&duplicate, DEFAULT_LEASE);
     server.state.release();
     let new_answer = retry.await.unwrap();
     new_answer.assert_executed(StatusCode::CREATED, 1);
+    if let Some(stale_calls) = stale_calls {
+        let fenced = bounded(SIGNAL_TIMEOUT, "the stale holder's calls", stale_calls)
+            .await
+            .expect("the stale holder's calls panicked");
+        assert_eq!(fenced, [Fenced::Lost; 3]);
+    }
     // after completion too, the stale token cannot overwrite
     assert_eq!(
         store.complete(&key, stale, &stale_answer).await.unwrap(),
@@ -64,19 +91,19 @@ pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced(store: impl Stor
 }
 
 /// A handler that runs longer than the lease is not taken over while it lives (the heartbeat
-/// renews it): duplicates get 409 throughout, and it executes once.
-pub async fn slow_handler_is_not_taken_over_while_alive(store: impl Store) {
+/// renews it; in single-commit mode, which has no lease, the advisory lock of its live
+/// transaction): duplicates get 409 throughout, and it executes once.
+pub async fn slow_handler_is_not_taken_over_while_alive<St: Store, F: Flavour<St>>(store: St) {
     const LEASE: Duration = Duration::from_millis(400);
-    let server = serve(Idempotency::new(store).with_lease(LEASE)).await;
+    let server = serve(F::layer(store).with_lease(LEASE)).await;
     let first = tokio::spawn(send(server.post_key("/held", "slow-1", ORDER)));
     server.state.wait_entered(1).await;
     let started = Instant::now();
     // duplicates across three leases (~1.2 s): the lapse of time is under test
     let mut duplicates = 0;
     while started.elapsed() < LEASE * 3 && duplicates < 40 {
-        send(server.post_key("/held", "slow-1", ORDER))
-            .await
-            .assert_in_flight();
+        let duplicate = send(server.post_key("/held", "slow-1", ORDER)).await;
+        F::CONTRACT.assert_in_flight(&duplicate, LEASE);
         duplicates += 1;
         tokio::time::sleep(LEASE / 4).await;
     }
@@ -107,23 +134,28 @@ async fn retry_after_while_held(server: &TestServer, key: &str) -> u64 {
 }
 
 /// The 409's `Retry-After` never goes beyond the time left on the default 30 s lease (here a
-/// fixed `Retry-After` of an hour is capped by it).
-pub async fn retry_after_reflects_default_lease(store: impl Store) {
-    let server = serve(Idempotency::new(store).with_retry_after(
-        tower_idempotency::RetryAfter::Fixed(Duration::from_secs(3600)),
-    ))
+/// fixed `Retry-After` of an hour is capped by it); in single-commit mode, which has no lease to
+/// estimate from, it is 1 s.
+pub async fn retry_after_reflects_default_lease<St: Store, F: Flavour<St>>(store: St) {
+    let server = serve(
+        F::layer(store).with_retry_after(tower_idempotency::RetryAfter::Fixed(
+            Duration::from_secs(3600),
+        )),
+    )
     .await;
     let retry_after = retry_after_while_held(&server, "retry-default").await;
+    let expected = F::CONTRACT.retry_after(25..=30);
     assert!(
-        (25..=30).contains(&retry_after),
-        "Retry-After {retry_after} is not the time left on a fresh 30 s lease"
+        expected.contains(&retry_after),
+        "Retry-After {retry_after} is not {expected:?} (the time left on a fresh 30 s lease)"
     );
 }
 
-/// The 409's `Retry-After` never goes beyond the time left on a configured lease (5 s).
-pub async fn retry_after_reflects_configured_lease(store: impl Store) {
+/// The 409's `Retry-After` never goes beyond the time left on a configured lease (5 s); 1 s in
+/// single-commit mode, which ignores the lease.
+pub async fn retry_after_reflects_configured_lease<St: Store, F: Flavour<St>>(store: St) {
     let server = serve(
-        Idempotency::new(store)
+        F::layer(store)
             .with_lease(Duration::from_secs(5))
             .with_retry_after(tower_idempotency::RetryAfter::Fixed(Duration::from_secs(
                 3600,
@@ -131,8 +163,9 @@ pub async fn retry_after_reflects_configured_lease(store: impl Store) {
     )
     .await;
     let retry_after = retry_after_while_held(&server, "retry-5s").await;
+    let expected = F::CONTRACT.retry_after(3..=5);
     assert!(
-        (3..=5).contains(&retry_after),
-        "Retry-After {retry_after} is not the time left on a fresh 5 s lease"
+        expected.contains(&retry_after),
+        "Retry-After {retry_after} is not {expected:?} (the time left on a fresh 5 s lease)"
     );
 }

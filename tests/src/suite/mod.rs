@@ -1,5 +1,7 @@
 //! The behaviour suite: one test body per behaviour of `DESIGN.md`, written once and run against
-//! every store by `tests/tests/behaviour.rs` (tower-sessions-stores' `route_tests!` idea).
+//! every store by `tests/tests/behaviour.rs` (tower-sessions-stores' `route_tests!` idea), and
+//! in every mode: each body builds its layer through a [`Flavour`] (default, transactional,
+//! single-commit) and asks the mode's [`Contract`](flavour::Contract) where modes differ.
 //!
 //! The bodies live in one module per concern; this module holds the test app, its server and
 //! client, and the list of behaviours, [`behaviour_tests!`](crate::behaviour_tests), which every
@@ -45,10 +47,12 @@ use tokio::{
 use tower::{Layer, ServiceExt};
 
 use crate::records::{new_claim, stored_response};
+use flavour::Flavour;
 use tower_idempotency::{
     fingerprint::{DefaultFingerprint, FingerprintFn},
     store::{ClaimOutcome, Fenced, Store, TransactionalStore},
-    Idempotency, IdempotencyKey, IdempotencyTransaction, Mode, Scope, DEFAULT_TTL, REPLAYED_HEADER,
+    Idempotency, IdempotencyKey, IdempotencyTransaction, Mode, Scope, DEFAULT_LEASE, DEFAULT_TTL,
+    REPLAYED_HEADER,
 };
 
 /// How long any request may take before the test fails.
@@ -67,6 +71,7 @@ pub mod concurrency;
 pub mod disconnect;
 pub mod expiry;
 pub mod fingerprint;
+pub mod flavour;
 pub mod headers;
 pub mod key;
 pub mod leases;
@@ -75,14 +80,31 @@ pub mod scope;
 pub mod wait;
 
 /// Instantiate every behaviour in the calling module, one `#[tokio::test]` each, against a fresh
-/// store made by `$store` (an expression, evaluated inside the test).
+/// store made by `$store` (an expression, evaluated inside the test), with the layer in the
+/// default mode, or in the mode named after the store:
 ///
-/// The list is every behaviour of the concern modules; `every_behaviour_is_listed` checks it
-/// against their `pub async fn`s.
+/// ```ignore
+/// behaviour_tests!(stores::memory_store().await); // the default mode
+/// behaviour_tests!(stores::sqlite_store().await, transactional);
+/// behaviour_tests!(stores::postgres_store().await, single_commit);
+/// ```
+///
+/// Every mode runs the whole list; where a mode's contract differs, the body asks the mode's
+/// [`Contract`](crate::suite::flavour::Contract). The list is every behaviour of the concern
+/// modules; `every_behaviour_is_listed` checks it against their `pub async fn`s.
 #[macro_export]
 macro_rules! behaviour_tests {
     ($store:expr) => {
-        $crate::behaviour_tests!(@list [tests $store]);
+        $crate::behaviour_tests!($store, standard);
+    };
+    ($store:expr, standard) => {
+        $crate::behaviour_tests!(@list [tests $store, Standard]);
+    };
+    ($store:expr, transactional) => {
+        $crate::behaviour_tests!(@list [tests $store, Transactional]);
+    };
+    ($store:expr, single_commit) => {
+        $crate::behaviour_tests!(@list [tests $store, SingleCommit]);
     };
     (@names) => {
         $crate::behaviour_tests!(@list [names])
@@ -132,7 +154,7 @@ macro_rules! behaviour_tests {
     (@expand [names]; $($module:ident :: $name:ident),+ $(,)?) => {
         &[$(stringify!($name)),+]
     };
-    (@expand [tests $store:expr]; $($module:ident :: $name:ident),+ $(,)?) => {
+    (@expand [tests $store:expr, $flavour:ident]; $($module:ident :: $name:ident),+ $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
@@ -140,7 +162,7 @@ macro_rules! behaviour_tests {
                 $crate::suite::bounded(
                     $crate::suite::TEST_TIMEOUT,
                     stringify!($name),
-                    $crate::suite::$module::$name(store),
+                    $crate::suite::$module::$name::<_, $crate::suite::flavour::$flavour>(store),
                 )
                 .await;
             }
@@ -640,5 +662,46 @@ mod tests {
              store_down_tests!"
         );
         assert!(defined.len() >= 40, "the scan found the suite: {defined:?}");
+    }
+
+    /// The behaviours of `behaviour_tests!` build their layer through their flavour, so each
+    /// runs in the mode its instantiation names: a body that built `Idempotency::new(store)`
+    /// would test the default mode under a single-commit name.
+    #[test]
+    fn every_behaviour_runs_in_its_flavours_mode() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/suite");
+        let behaviours: BTreeSet<&str> = super::BEHAVIOURS.iter().copied().collect();
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let file = path.file_name().unwrap().to_string_lossy().into_owned();
+            // mod.rs and flavour.rs hold no behaviour; transactional.rs and store_down.rs are
+            // store-specific, with lists of their own
+            if ["mod.rs", "flavour.rs", "transactional.rs", "store_down.rs"]
+                .contains(&file.as_str())
+            {
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).unwrap();
+            for banned in ["Idempotency::new(", "Idempotency::from_shared("] {
+                assert!(
+                    !source.contains(banned),
+                    "{file} builds a layer with {banned}..) instead of its flavour's F::layer"
+                );
+            }
+            for line in source.lines() {
+                let Some(rest) = line.strip_prefix("pub async fn ") else {
+                    continue;
+                };
+                let name = &rest[..rest.find(['<', '(']).unwrap()];
+                assert!(behaviours.contains(name), "{file}: {name} is not listed");
+                assert!(
+                    rest[name.len()..].starts_with("<St: Store, F: Flavour<St>>("),
+                    "{file}: {name} is not generic over the flavour"
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, super::BEHAVIOURS.len());
     }
 }

@@ -3,8 +3,8 @@
 use super::*;
 
 /// A handler's 500 is saved and replayed (it may have taken effect).
-pub async fn handler_500_is_saved_and_replayed(store: impl Store) {
-    let server = serve(Idempotency::new(store)).await;
+pub async fn handler_500_is_saved_and_replayed<St: Store, F: Flavour<St>>(store: St) {
+    let server = serve(F::layer(store)).await;
     let first = send(server.post_key("/status/500", "s500", ORDER)).await;
     first.assert_executed(StatusCode::INTERNAL_SERVER_ERROR, 1);
     send(server.post_key("/status/500", "s500", ORDER))
@@ -13,8 +13,8 @@ pub async fn handler_500_is_saved_and_replayed(store: impl Store) {
     assert_eq!(server.state.executions(), 1);
 }
 
-async fn status_releases_the_key(store: impl Store, status: StatusCode) {
-    let server = serve(Idempotency::new(store)).await;
+async fn status_releases_the_key<St: Store, F: Flavour<St>>(store: St, status: StatusCode) {
+    let server = serve(F::layer(store)).await;
     let path = format!("/status/{}", status.as_u16());
     for n in 1..=3 {
         send(server.post_key(&path, "try-again", ORDER))
@@ -25,17 +25,17 @@ async fn status_releases_the_key(store: impl Store, status: StatusCode) {
 }
 
 /// A handler's 429 is not saved: the key is released and the retry runs again.
-pub async fn handler_429_releases_the_key(store: impl Store) {
-    status_releases_the_key(store, StatusCode::TOO_MANY_REQUESTS).await;
+pub async fn handler_429_releases_the_key<St: Store, F: Flavour<St>>(store: St) {
+    status_releases_the_key::<St, F>(store, StatusCode::TOO_MANY_REQUESTS).await;
 }
 
 /// A handler's 503 is not saved: the key is released and the retry runs again.
-pub async fn handler_503_releases_the_key(store: impl Store) {
-    status_releases_the_key(store, StatusCode::SERVICE_UNAVAILABLE).await;
+pub async fn handler_503_releases_the_key<St: Store, F: Flavour<St>>(store: St) {
+    status_releases_the_key::<St, F>(store, StatusCode::SERVICE_UNAVAILABLE).await;
 }
 
 /// An inner service `Err` releases the key: the retry runs the service again.
-pub async fn inner_error_releases_the_key(store: impl Store) {
+pub async fn inner_error_releases_the_key<St: Store, F: Flavour<St>>(store: St) {
     let calls = Arc::new(AtomicUsize::new(0));
     let inner = {
         let calls = calls.clone();
@@ -52,7 +52,7 @@ pub async fn inner_error_releases_the_key(store: impl Store) {
             },
         )
     };
-    let service = Idempotency::new(store).layer(inner);
+    let service = F::layer(store).layer(inner);
     let request = || {
         http::Request::post("/orders")
             .header("idempotency-key", "inner-err")
@@ -74,8 +74,8 @@ pub async fn inner_error_releases_the_key(store: impl Store) {
 
 /// A panicking handler releases the key: its connection fails, the server lives on, and the
 /// retry runs the handler again.
-pub async fn panicking_handler_releases_the_key(store: impl Store) {
-    let server = serve(Idempotency::new(store)).await;
+pub async fn panicking_handler_releases_the_key<St: Store, F: Flavour<St>>(store: St) {
+    let server = serve(F::layer(store)).await;
     let failed = try_send(server.post_key("/panic", "panic-1", ORDER)).await;
     assert!(
         failed.is_err(),
@@ -91,8 +91,8 @@ pub async fn panicking_handler_releases_the_key(store: impl Store) {
 }
 
 /// 408 and 425 mean "not processed" too: the key is released.
-pub async fn handler_408_and_425_release_the_key(store: impl Store) {
-    let server = serve(Idempotency::new(store)).await;
+pub async fn handler_408_and_425_release_the_key<St: Store, F: Flavour<St>>(store: St) {
+    let server = serve(F::layer(store)).await;
     for (i, code) in [408u16, 425].into_iter().enumerate() {
         let path = format!("/status/{code}");
         let status = StatusCode::from_u16(code).unwrap();
@@ -106,9 +106,9 @@ pub async fn handler_408_and_425_release_the_key(store: impl Store) {
 }
 
 /// A custom save policy replaces the default: here a 500 is released and a 429 saved.
-pub async fn custom_save_policy_decides_what_is_saved(store: impl Store) {
+pub async fn custom_save_policy_decides_what_is_saved<St: Store, F: Flavour<St>>(store: St) {
     let policy = |status: StatusCode| !status.is_server_error();
-    let server = serve(Idempotency::new(store).with_save_policy(policy)).await;
+    let server = serve(F::layer(store).with_save_policy(policy)).await;
     for n in 1..=2 {
         send(server.post_key("/status/500", "policy-500", ORDER))
             .await

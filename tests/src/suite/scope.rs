@@ -3,8 +3,8 @@
 use super::*;
 
 /// The same key under different `Authorization` headers: independent executions.
-pub async fn other_authorization_is_an_independent_key(store: impl Store) {
-    let server = serve(Idempotency::new(store)).await;
+pub async fn other_authorization_is_an_independent_key<St: Store, F: Flavour<St>>(store: St) {
+    let server = serve(F::layer(store)).await;
     let alice = || {
         server
             .order("shared-key")
@@ -27,8 +27,8 @@ pub async fn other_authorization_is_an_independent_key(store: impl Store) {
 }
 
 /// An empty `Authorization` header scopes like an absent one.
-pub async fn empty_authorization_scopes_like_absent(store: impl Store) {
-    let server = serve(Idempotency::new(store)).await;
+pub async fn empty_authorization_scopes_like_absent<St: Store, F: Flavour<St>>(store: St) {
+    let server = serve(F::layer(store)).await;
     let first = send(server.order("empty-auth")).await;
     first.assert_executed(StatusCode::CREATED, 1);
     send(server.order("empty-auth").header("authorization", ""))
