@@ -19,10 +19,13 @@
 //!
 //! # Atomicity
 //!
-//! Every operation is one SQL statement. A claim is one `INSERT .. ON CONFLICT (key) DO UPDATE ..
+//! Every write is one SQL statement. A claim is one `INSERT .. ON CONFLICT (key) DO UPDATE ..
 //! WHERE <expired or lease lapsed> RETURNING ..`, joined in a CTE with a locking read of the
 //! existing row, so the outcome that was not a claim (in flight, mismatch, done) comes back in the
-//! same round trip. Time is the database's: `now()`, never the application's clock.
+//! same round trip; in the rare race with an insert its snapshot cannot see, it returns no row and
+//! runs again, whole. A `complete` or `release` of a watched record is followed, on the same
+//! connection, by a `pg_notify` that writes no record (see [Waiting](#waiting)). Time is the
+//! database's: `now()`, never the application's clock.
 //!
 //! # Migrations
 //!
@@ -69,18 +72,20 @@ use std::{
 use sqlx::{
     migrate::Migrator,
     postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres},
-    Row,
 };
 use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
 
-use super::sql::{self, millis, remaining, saved_response, Waiters};
+use super::sql::{self, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
 };
 use crate::key::KeyHash;
+
+/// The parameters and the claim row, as both SQL stores bind and read them.
+type Codec = sql::Codec<Postgres>;
 
 /// The `NOTIFY` channel `complete` and `release` announce a key's change on.
 const CHANNEL: &str = "tower_idempotency";
@@ -357,16 +362,11 @@ impl Store for PostgresStore {
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         for _ in 0..CLAIM_ATTEMPTS {
-            let row = sqlx::query(CLAIM)
-                .bind(claim.key.as_bytes().as_slice())
-                .bind(claim.fingerprint.as_bytes().as_slice())
-                .bind(claim.token.as_uuid())
-                .bind(millis(claim.lease))
-                .bind(millis(claim.ttl))
+            let row = sqlx::query_with(CLAIM, Codec::claim(claim)?)
                 .fetch_optional(&self.inner.pool)
                 .await?;
             if let Some(row) = row {
-                return outcome_of(&row);
+                return Codec::claim_outcome(&row);
             }
             // Raced with an insert committed after this statement's snapshot: see CLAIM.
             tracing::trace!(target: "tower_idempotency", "claim raced with a concurrent insert; claiming again");
@@ -380,10 +380,7 @@ impl Store for PostgresStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Fenced, StoreError> {
-        let done = sqlx::query(RENEW)
-            .bind(key.as_bytes().as_slice())
-            .bind(token.as_uuid())
-            .bind(millis(lease))
+        let done = sqlx::query_with(RENEW, Codec::renew(key, token, lease)?)
             .execute(&self.inner.pool)
             .await?;
         Ok(Fenced::from_rows(done.rows_affected()))
@@ -401,9 +398,7 @@ impl Store for PostgresStore {
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
         let mut conn = self.inner.pool.acquire().await?;
-        let watched: Option<bool> = sqlx::query_scalar(RELEASE)
-            .bind(key.as_bytes().as_slice())
-            .bind(token.as_uuid())
+        let watched: Option<bool> = sqlx::query_scalar_with(RELEASE, Codec::held(key, token)?)
             .fetch_optional(&mut *conn)
             .await?;
         notify_if_watched(&mut conn, key, watched).await
@@ -419,35 +414,10 @@ impl Store for PostgresStore {
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        // Register before the listener can deliver anything, so no notification slips between.
-        let waiter = self.inner.waiters.register(*key);
-        let notified = waiter.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let mut listening = self.inner.ensure_listener();
-        // Mark the record only once the listener listens: a completion committed after the mark
-        // then reaches this process. Until then (or if it cannot listen) the wait is the timeout.
-        if !matches!(
-            tokio::time::timeout_at(deadline, listening.wait_for(|on| *on)).await,
-            Ok(Ok(_))
-        ) {
-            tokio::time::sleep_until(deadline).await;
-            return;
-        }
-        let watch = sqlx::query_scalar::<_, bool>(WATCH)
-            .bind(key.as_bytes().as_slice())
-            .fetch_one(&self.inner.pool);
-        match tokio::time::timeout_at(deadline, watch).await {
-            // No longer running: it changed between the claim and the mark.
-            Ok(Ok(false)) | Err(_) => return,
-            Ok(Ok(true)) => {}
-            Ok(Err(err)) => tracing::debug!(
-                target: "tower_idempotency",
-                error = %err,
-                "marking a record watched failed; waiting for the timeout"
-            ),
-        }
-        let _ = tokio::time::timeout_at(deadline, notified).await;
+        // Lazy, like any future: the listener starts only once the waiter is registered, so no
+        // notification slips between.
+        let watch = self.inner.watch(key, deadline);
+        sql::wait_for_change(&self.inner.waiters, key, deadline, watch).await;
     }
 }
 
@@ -478,14 +448,10 @@ async fn complete_on(
     token: FencingToken,
     response: &StoredResponse,
 ) -> Result<Fenced, StoreError> {
-    let watched: Option<bool> = sqlx::query_scalar(COMPLETE)
-        .bind(key.as_bytes().as_slice())
-        .bind(token.as_uuid())
-        .bind(i32::from(response.status.as_u16()))
-        .bind(response.encode_headers())
-        .bind(response.body.as_ref())
-        .fetch_optional(&mut *conn)
-        .await?;
+    let watched: Option<bool> =
+        sqlx::query_scalar_with(COMPLETE, Codec::complete(key, token, response)?)
+            .fetch_optional(&mut *conn)
+            .await?;
     notify_if_watched(conn, key, watched).await
 }
 
@@ -520,43 +486,15 @@ impl PostgresStore {
         let mut lock_key = [0u8; 8];
         lock_key.copy_from_slice(&claim.key.as_bytes()[..8]);
         for _ in 0..CLAIM_ATTEMPTS {
-            let row = sqlx::query(CLAIM_LOCKED)
-                .bind(claim.key.as_bytes().as_slice())
-                .bind(claim.fingerprint.as_bytes().as_slice())
-                .bind(claim.token.as_uuid())
-                .bind(millis(claim.lease))
-                .bind(millis(claim.ttl))
+            let row = sqlx::query_with(CLAIM_LOCKED, Codec::claim(claim)?)
                 .bind(i64::from_be_bytes(lock_key))
                 .fetch_optional(&mut *conn)
                 .await?;
             if let Some(row) = row {
-                return outcome_of(&row);
+                return Codec::claim_outcome(&row);
             }
         }
         Err(raced())
-    }
-}
-
-/// The outcome in a row of [`CLAIM`] or [`CLAIM_LOCKED`].
-fn outcome_of(row: &sqlx::postgres::PgRow) -> Result<ClaimOutcome, StoreError> {
-    let outcome: &str = row.try_get("outcome")?;
-    match outcome {
-        "claimed" => Ok(ClaimOutcome::Claimed {
-            taken_over: row.try_get("taken_over")?,
-        }),
-        "in_flight" => {
-            let ms: Option<i64> = row.try_get("lease_remaining_ms")?;
-            Ok(ClaimOutcome::InFlight {
-                lease_remaining: remaining(ms),
-            })
-        }
-        "mismatch" => Ok(ClaimOutcome::Mismatch),
-        "done" => Ok(ClaimOutcome::Done(saved_response(
-            row.try_get("status")?,
-            row.try_get("headers")?,
-            row.try_get("body")?,
-        )?)),
-        _ => Err(StoreError::corrupt("the claim returned an unknown outcome")),
     }
 }
 
@@ -604,6 +542,38 @@ impl Inner {
             state.started_at = Some(Instant::now());
         }
         self.listening.subscribe()
+    }
+
+    /// What a wait on `key` does before it waits for the notification (see
+    /// [`sql::wait_for_change`]): the listener listening, then the record marked watched.
+    /// Whether to wait on: `false` once the record is no longer running or the deadline passed.
+    async fn watch(&self, key: &KeyHash, deadline: Instant) -> bool {
+        let mut listening = self.ensure_listener();
+        // Mark the record only once the listener listens: a completion committed after the mark
+        // then reaches this process. Until then (or if it cannot listen) the wait is the timeout.
+        if !matches!(
+            tokio::time::timeout_at(deadline, listening.wait_for(|on| *on)).await,
+            Ok(Ok(_))
+        ) {
+            tokio::time::sleep_until(deadline).await;
+            return false;
+        }
+        let watch = sqlx::query_scalar::<_, bool>(WATCH)
+            .bind(key.as_bytes().as_slice())
+            .fetch_one(&self.pool);
+        match tokio::time::timeout_at(deadline, watch).await {
+            // No longer running: it changed between the claim and the mark.
+            Ok(Ok(false)) | Err(_) => false,
+            Ok(Ok(true)) => true,
+            Ok(Err(err)) => {
+                tracing::debug!(
+                    target: "tower_idempotency",
+                    error = %err,
+                    "marking a record watched failed; waiting for the timeout"
+                );
+                true
+            }
+        }
     }
 }
 

@@ -1,19 +1,45 @@
-//! What the PostgreSQL and SQLite stores share: per-key wake-ups for wait mode and the
-//! conversions between the layer's types and the SQL columns.
+//! What the PostgreSQL and SQLite stores share: the migrator, the parameters their statements
+//! bind and the claim row they read ([`Codec`]), the in-process side of waiting
+//! ([`wait_for_change`]), and the conversions between the layer's types and the SQL columns.
+//! The SQL itself stays in each store's file, where the databases differ.
 
-use std::time::Duration;
+use std::{future::Future, marker::PhantomData, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use sqlx::{
+    error::BoxDynError,
     migrate::{Migration, MigrationType, Migrator},
-    SqlSafeStr,
+    Arguments, ColumnIndex, Database, Decode, Encode, Row, SqlSafeStr, Type,
 };
+use tokio::time::Instant;
+use uuid::Uuid;
 
-use super::{StoreError, StoreErrorKind, StoredResponse};
+use super::{Claim, ClaimOutcome, FencingToken, StoreError, StoreErrorKind, StoredResponse};
 use crate::key::KeyHash;
 
 /// The per-key wake-ups of the SQL stores.
 pub(super) type Waiters = super::waiters::Waiters<KeyHash>;
+
+/// Wait until this process wakes the waiters on `key`, or until `deadline`.
+///
+/// `watch` is what the store does to be told of a change (PostgreSQL: listen and mark the
+/// record watched); it runs only once the waiter is registered, so a wake-up that comes while it
+/// runs is not lost. It returns whether to wait on: `false` ends the wait at once (the record
+/// changed already, or the deadline passed).
+pub(super) async fn wait_for_change(
+    waiters: &Arc<Waiters>,
+    key: &KeyHash,
+    deadline: Instant,
+    watch: impl Future<Output = bool>,
+) {
+    let waiter = waiters.register(*key);
+    let notified = waiter.notify.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    if watch.await {
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+}
 
 /// The table the stores' migrations are tracked in, apart from the application's own.
 const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
@@ -39,6 +65,106 @@ pub(super) fn migrator(migrations: &[(i64, &'static str, &'static str)]) -> Migr
     migrator
 }
 
+/// The parameters both stores bind and the claim row both read, written once so that the two
+/// files' SQL numbers its parameters and names its columns alike (`DB` is `Postgres` or
+/// `Sqlite`; each store names its own as `Codec`).
+pub(super) struct Codec<DB>(PhantomData<DB>);
+
+impl<DB> Codec<DB>
+where
+    DB: Database,
+    // What both drivers bind and read, as the columns of `idempotency_records` hold them.
+    for<'a> &'a [u8]: Encode<'a, DB> + Type<DB>,
+    for<'a> &'a str: Decode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    Uuid: for<'a> Encode<'a, DB> + Type<DB>,
+    i64: for<'a> Encode<'a, DB> + for<'a> Decode<'a, DB> + Type<DB>,
+    i32: for<'a> Encode<'a, DB> + for<'a> Decode<'a, DB> + Type<DB>,
+    bool: for<'a> Decode<'a, DB> + Type<DB>,
+    Vec<u8>: for<'a> Decode<'a, DB> + Type<DB>,
+{
+    /// The parameters of a claim: 1 key, 2 fingerprint, 3 token, 4 lease and 5 retention in
+    /// milliseconds.
+    pub(super) fn claim(claim: &Claim) -> Result<DB::Arguments, StoreError> {
+        Self::encoded(|args| {
+            args.add(claim.key.as_bytes().as_slice())?;
+            args.add(claim.fingerprint.as_bytes().as_slice())?;
+            args.add(claim.token.as_uuid())?;
+            args.add(millis(claim.lease))?;
+            args.add(millis(claim.ttl))
+        })
+    }
+
+    /// The parameters of a write on the record held with `token` (`release`): 1 key, 2 token.
+    pub(super) fn held(key: &KeyHash, token: FencingToken) -> Result<DB::Arguments, StoreError> {
+        Self::encoded(|args| {
+            args.add(key.as_bytes().as_slice())?;
+            args.add(token.as_uuid())
+        })
+    }
+
+    /// The parameters of `renew`: 1 key, 2 token, 3 lease in milliseconds.
+    pub(super) fn renew(
+        key: &KeyHash,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<DB::Arguments, StoreError> {
+        Self::encoded(|args| {
+            args.add(key.as_bytes().as_slice())?;
+            args.add(token.as_uuid())?;
+            args.add(millis(lease))
+        })
+    }
+
+    /// The parameters of `complete`: 1 key, 2 token, 3 status, 4 headers, 5 body.
+    pub(super) fn complete(
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<DB::Arguments, StoreError> {
+        Self::encoded(|args| {
+            args.add(key.as_bytes().as_slice())?;
+            args.add(token.as_uuid())?;
+            args.add(i32::from(response.status.as_u16()))?;
+            args.add(response.encode_headers().as_slice())?;
+            args.add(response.body.as_ref())
+        })
+    }
+
+    /// The outcome in a row of a claim statement, whose columns are `outcome` (`claimed`,
+    /// `in_flight`, `mismatch` or `done`), `taken_over`, `lease_remaining_ms`, `status`,
+    /// `headers` and `body`. A column is read only for the outcome that needs it, so a
+    /// mismatch never copies the saved body it comes with.
+    pub(super) fn claim_outcome(row: &DB::Row) -> Result<ClaimOutcome, StoreError> {
+        let outcome: &str = row.try_get("outcome")?;
+        match outcome {
+            "claimed" => Ok(ClaimOutcome::Claimed {
+                taken_over: row.try_get("taken_over")?,
+            }),
+            "in_flight" => Ok(ClaimOutcome::InFlight {
+                lease_remaining: remaining(row.try_get("lease_remaining_ms")?),
+            }),
+            "mismatch" => Ok(ClaimOutcome::Mismatch),
+            "done" => Ok(ClaimOutcome::Done(saved_response(
+                row.try_get("status")?,
+                row.try_get("headers")?,
+                row.try_get("body")?,
+            )?)),
+            _ => Err(StoreError::corrupt("the claim returned an unknown outcome")),
+        }
+    }
+
+    /// Arguments filled by `add`, apart from any query so that `query_with` and
+    /// `query_scalar_with` take them alike. A value that fails to encode is the driver's
+    /// encoding error, as from `bind`, only reported before the statement is sent.
+    fn encoded(
+        add: impl FnOnce(&mut DB::Arguments) -> Result<(), BoxDynError>,
+    ) -> Result<DB::Arguments, StoreError> {
+        let mut args = DB::Arguments::default();
+        add(&mut args).map_err(sqlx::Error::Encode)?;
+        Ok(args)
+    }
+}
+
 /// The longest lease or retention the store writes: 100 years, far beyond any useful setting
 /// and far inside the range of a timestamp.
 pub(super) const MAX_MILLIS: i64 = 100 * 365 * 24 * 60 * 60 * 1000;
@@ -52,12 +178,12 @@ pub(super) fn millis(duration: Duration) -> i64 {
 }
 
 /// The lease left, from the milliseconds the claim computed.
-pub(super) fn remaining(ms: Option<i64>) -> Duration {
+fn remaining(ms: Option<i64>) -> Duration {
     Duration::from_millis(ms.and_then(|ms| u64::try_from(ms).ok()).unwrap_or(0))
 }
 
 /// The saved response of a `done` record.
-pub(super) fn saved_response(
+fn saved_response(
     status: Option<i32>,
     headers: Option<Vec<u8>>,
     body: Option<Vec<u8>>,
@@ -72,6 +198,32 @@ pub(super) fn saved_response(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_while_watching_is_not_lost() {
+        let waiters = Arc::new(Waiters::default());
+        let key = KeyHash([1; 32]);
+        let started = Instant::now();
+        let watch = async {
+            waiters.wake(&key);
+            true
+        };
+        wait_for_change(&waiters, &key, started + MINUTE, watch).await;
+        assert!(started.elapsed() < MINUTE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_says_no_ends_the_wait_and_none_outlasts_its_deadline() {
+        let waiters = Arc::new(Waiters::default());
+        let key = KeyHash([1; 32]);
+        let started = Instant::now();
+        wait_for_change(&waiters, &key, started + MINUTE, async { false }).await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        wait_for_change(&waiters, &key, started + MINUTE, async { true }).await;
+        assert_eq!(started.elapsed(), MINUTE);
+    }
 
     #[test]
     fn millis_are_clamped() {

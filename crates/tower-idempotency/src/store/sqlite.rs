@@ -41,8 +41,9 @@
 //! runs at most two: a read-only `SELECT` answers the common losing cases (replays, duplicates
 //! in flight, mismatches) without a write; otherwise one `INSERT .. ON CONFLICT (key) DO UPDATE ..
 //! RETURNING ..` decides every outcome and returns the record as it stands afterwards, claimed or
-//! not (a record that changed between the two is judged by that second statement alone). Time is SQLite's clock
-//! (`julianday('now')`), in milliseconds since the Unix epoch, never the application's.
+//! not (a record that changed between the two is judged by that second statement alone). Time is
+//! SQLite's clock (`julianday('now')`), in milliseconds since the Unix epoch, never the
+//! application's.
 //!
 //! # Migrations
 //!
@@ -74,18 +75,20 @@ use std::{fmt, sync::Arc, time::Duration};
 use sqlx::{
     migrate::{MigrateError, Migrator},
     sqlite::{Sqlite, SqlitePool},
-    Row,
 };
 use tokio::{sync::Mutex, time::Instant};
 
 pub use sqlx;
 
-use super::sql::{self, millis, remaining, saved_response, Waiters};
+use super::sql::{self, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
 };
 use crate::key::KeyHash;
+
+/// The parameters and the claim row, as both SQL stores bind and read them.
+type Codec = sql::Codec<Sqlite>;
 
 /// How many times `migrate` runs when another process applied the same migration meanwhile.
 const MIGRATE_ATTEMPTS: usize = 3;
@@ -292,35 +295,12 @@ impl Store for SqliteStore {
             Some(row) => row,
             None => {
                 let _writer = self.inner.writers.lock().await;
-                sqlx::query(CLAIM)
-                    .bind(claim.key.as_bytes().as_slice())
-                    .bind(claim.fingerprint.as_bytes().as_slice())
-                    .bind(claim.token.as_uuid())
-                    .bind(millis(claim.lease))
-                    .bind(millis(claim.ttl))
+                sqlx::query_with(CLAIM, Codec::claim(claim)?)
                     .fetch_one(&self.inner.pool)
                     .await?
             }
         };
-        let outcome: &str = row.try_get("outcome")?;
-        match outcome {
-            "claimed" => Ok(ClaimOutcome::Claimed {
-                taken_over: row.try_get("taken_over")?,
-            }),
-            "in_flight" => {
-                let ms: Option<i64> = row.try_get("lease_remaining_ms")?;
-                Ok(ClaimOutcome::InFlight {
-                    lease_remaining: remaining(ms),
-                })
-            }
-            "mismatch" => Ok(ClaimOutcome::Mismatch),
-            "done" => Ok(ClaimOutcome::Done(saved_response(
-                row.try_get("status")?,
-                row.try_get("headers")?,
-                row.try_get("body")?,
-            )?)),
-            _ => Err(StoreError::corrupt("the claim returned an unknown outcome")),
-        }
+        Codec::claim_outcome(&row)
     }
 
     async fn renew(
@@ -330,10 +310,7 @@ impl Store for SqliteStore {
         lease: Duration,
     ) -> Result<Fenced, StoreError> {
         let _writer = self.inner.writers.lock().await;
-        let done = sqlx::query(RENEW)
-            .bind(key.as_bytes().as_slice())
-            .bind(token.as_uuid())
-            .bind(millis(lease))
+        let done = sqlx::query_with(RENEW, Codec::renew(key, token, lease)?)
             .execute(&self.inner.pool)
             .await?;
         Ok(Fenced::from_rows(done.rows_affected()))
@@ -349,26 +326,18 @@ impl Store for SqliteStore {
             let _writer = self.inner.writers.lock().await;
             complete_on(&self.inner.pool, key, token, response).await?
         };
-        if fenced.applied() {
-            self.inner.waiters.wake(key);
-        }
-        Ok(fenced)
+        Ok(self.inner.announce(key, fenced))
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        let done = {
+        let fenced = {
             let _writer = self.inner.writers.lock().await;
-            sqlx::query(RELEASE)
-                .bind(key.as_bytes().as_slice())
-                .bind(token.as_uuid())
+            let done = sqlx::query_with(RELEASE, Codec::held(key, token)?)
                 .execute(&self.inner.pool)
-                .await?
+                .await?;
+            Fenced::from_rows(done.rows_affected())
         };
-        let fenced = Fenced::from_rows(done.rows_affected());
-        if fenced.applied() {
-            self.inner.waiters.wake(key);
-        }
-        Ok(fenced)
+        Ok(self.inner.announce(key, fenced))
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
@@ -382,11 +351,8 @@ impl Store for SqliteStore {
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        let waiter = self.inner.waiters.register(*key);
-        let notified = waiter.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let _ = tokio::time::timeout_at(deadline, notified).await;
+        // Nothing to watch: changes are announced in this process only (see `Inner::announce`).
+        sql::wait_for_change(&self.inner.waiters, key, deadline, async { true }).await;
     }
 }
 
@@ -417,10 +383,18 @@ impl TransactionalStore for SqliteStore {
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
         let fenced = complete_on(&mut **tx, key, token, response).await?;
+        Ok(self.inner.announce(key, fenced))
+    }
+}
+
+impl Inner {
+    /// Wake this process's waiters on `key` if the write was applied: SQLite cannot notify other
+    /// connections, so this is the only announcement of a change.
+    fn announce(&self, key: &KeyHash, fenced: Fenced) -> Fenced {
         if fenced.applied() {
-            self.inner.waiters.wake(key);
+            self.waiters.wake(key);
         }
-        Ok(fenced)
+        fenced
     }
 }
 
@@ -431,12 +405,7 @@ async fn complete_on<'e>(
     token: FencingToken,
     response: &StoredResponse,
 ) -> Result<Fenced, StoreError> {
-    let done = sqlx::query(COMPLETE)
-        .bind(key.as_bytes().as_slice())
-        .bind(token.as_uuid())
-        .bind(i32::from(response.status.as_u16()))
-        .bind(response.encode_headers())
-        .bind(response.body.as_ref())
+    let done = sqlx::query_with(COMPLETE, Codec::complete(key, token, response)?)
         .execute(executor)
         .await?;
     Ok(Fenced::from_rows(done.rows_affected()))
