@@ -9,6 +9,8 @@
 //!
 //! Needs `DATABASE_URL` (a PostgreSQL server the test may create databases on).
 
+mod common;
+
 use std::{
     collections::BTreeMap,
     process::Stdio,
@@ -21,10 +23,7 @@ use std::{
 
 use fault_proxy::FaultProxy;
 use sqlx::{Connection, Executor};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use tokio::process::{Child, Command};
 
 const KEYS: usize = 1_000;
 const REQUESTS: usize = 5_000;
@@ -40,20 +39,12 @@ const LEASE_MS: u64 = 2_000;
 /// The load phase stops issuing requests after this, whatever is left (it normally ends sooner).
 const LOAD_DEADLINE: Duration = Duration::from_secs(90);
 
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    )
-}
-
 /// A fresh PostgreSQL database: its name, the server address, and a direct pool on it.
 async fn fresh_postgres() -> (String, std::net::SocketAddr, sqlx::PgPool) {
     let url = std::env::var("DATABASE_URL").expect(
         "DATABASE_URL is not set: export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
     );
-    let name = unique("orders_chaos");
+    let name = common::unique("orders_chaos");
     let mut admin = sqlx::PgConnection::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
@@ -111,19 +102,7 @@ async fn start(database_url: &str) -> Server {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn the orders-api binary");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let base = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.expect("read the binary's stdout") {
-            if let Some(addr) = line.strip_prefix("listening on ") {
-                return addr.trim().to_owned();
-            }
-        }
-        panic!("the binary exited before printing `listening on`");
-    })
-    .await
-    .expect("the binary printed `listening on` within 60 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let base = common::listening_url(&mut child).await;
     Server {
         _child: child,
         base,

@@ -7,16 +7,15 @@
 //!
 //! Needs `DATABASE_URL` (a PostgreSQL server the test may create databases on).
 
+mod common;
+
 use std::{
     process::Stdio,
     time::{Duration, Instant},
 };
 
 use sqlx::{Connection, Executor};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-};
+use tokio::process::{Child, Command};
 
 const BODY: &str = r#"{"customerId": "c_crash", "totalCents": 4000}"#;
 
@@ -37,20 +36,12 @@ impl Probe {
     }
 }
 
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    )
-}
-
 /// A fresh PostgreSQL database: its URL and a pool on it.
 async fn fresh_postgres() -> (String, Probe) {
     let url = std::env::var("DATABASE_URL").expect(
         "DATABASE_URL is not set: export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
     );
-    let name = unique("orders_crash");
+    let name = common::unique("orders_crash");
     let mut admin = sqlx::PgConnection::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
@@ -79,7 +70,7 @@ async fn fresh_postgres() -> (String, Probe) {
 
 /// A fresh SQLite file: its URL and a pool on it (opened once the binary created it).
 async fn fresh_sqlite() -> (String, std::path::PathBuf) {
-    let path = std::env::temp_dir().join(format!("{}.db", unique("orders_crash")));
+    let path = std::env::temp_dir().join(format!("{}.db", common::unique("orders_crash")));
     (format!("sqlite://{}", path.display()), path)
 }
 
@@ -115,20 +106,7 @@ async fn start(database_url: &str, payment_latency_ms: u64) -> Server {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn the orders-api binary");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let base = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.expect("read the binary's stdout") {
-            if let Some(addr) = line.strip_prefix("listening on ") {
-                return addr.trim().to_owned();
-            }
-        }
-        panic!("the binary exited before printing `listening on`");
-    })
-    .await
-    .expect("the binary printed `listening on` within 60 s");
-    // Keep draining stdout so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let base = common::listening_url(&mut child).await;
     Server { child, base }
 }
 

@@ -7,6 +7,8 @@
 //! Needs `DATABASE_URL` (a PostgreSQL server the test may create databases on) for the
 //! PostgreSQL variant of the shutdown test.
 
+mod common;
+
 use std::{
     process::Stdio,
     sync::{Arc, Mutex},
@@ -22,20 +24,12 @@ use tokio::{
 
 const BODY: &str = r#"{"customerId": "c_shutdown", "totalCents": 4000}"#;
 
-fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    )
-}
-
 /// A fresh SQLite file's URL; the files are removed when this is dropped.
 struct SqliteFile(std::path::PathBuf);
 
 impl SqliteFile {
     fn new() -> Self {
-        Self(std::env::temp_dir().join(format!("{}.db", unique("orders_hardening"))))
+        Self(std::env::temp_dir().join(format!("{}.db", common::unique("orders_hardening"))))
     }
 
     fn url(&self) -> String {
@@ -56,7 +50,7 @@ async fn fresh_postgres() -> String {
     let url = std::env::var("DATABASE_URL").expect(
         "DATABASE_URL is not set: export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
     );
-    let name = unique("orders_hardening");
+    let name = common::unique("orders_hardening");
     let mut admin = sqlx::PgConnection::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
@@ -184,18 +178,8 @@ async fn start(database_url: &str, env: &[(&str, &str)]) -> Server {
             }
         });
     }
-    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.expect("read the binary's stdout") {
-            if let Some(url) = line.strip_prefix("listening on http://") {
-                return url.trim().to_owned();
-            }
-        }
-        panic!("the binary exited before printing `listening on`");
-    })
-    .await
-    .expect("the binary printed `listening on` within 60 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let url = common::listening_url(&mut child).await;
+    let addr = url.trim_start_matches("http://").to_owned();
     Server { child, addr, log }
 }
 
@@ -458,7 +442,7 @@ async fn sigterm_lets_running_handlers_finish_and_be_recorded(database_url: &str
     let mut server = start(database_url, &env).await;
     let base = server.base();
     let probe = Probe::open(database_url).await;
-    let (waiting_key, gone_key) = (unique("waiting"), unique("gone"));
+    let (waiting_key, gone_key) = (common::unique("waiting"), common::unique("gone"));
     let waiting = tokio::spawn(post(&client(), &base, &waiting_key).send());
     probe.wait_for_records(1).await;
     let gone = tokio::spawn(post(&client(), &base, &gone_key).send());

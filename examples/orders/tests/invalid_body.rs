@@ -3,26 +3,16 @@
 //! the corrected order sent with the same `Idempotency-Key` is created. Runs the real
 //! `orders_api::app` on a fresh SQLite file over a real TCP listener.
 
-use orders_api::{Config, Db};
+mod common;
+
+use orders_api::Db;
 use reqwest::StatusCode;
 use serde_json::Value;
 
 const BODY: &str = r#"{"customerId": "c_1", "totalCents": 4000}"#;
 
 async fn serve() -> (String, Db) {
-    let path = std::env::temp_dir().join(format!(
-        "orders_invalid_body_{}_{}.db",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    ));
-    let db = Db::connect(Some(&format!("sqlite://{}", path.display())))
-        .await
-        .expect("open a fresh SQLite file");
-    db.migrate().await.expect("migrate");
-    let app = orders_api::app(db.clone(), Config::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (addr, db) = common::serve_on_fresh_sqlite("orders_invalid_body").await;
     (format!("http://{addr}"), db)
 }
 

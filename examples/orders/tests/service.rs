@@ -2,26 +2,14 @@
 //! fallback outside the idempotency layer. Runs the real `orders_api::app` on a fresh SQLite file
 //! over a real TCP listener.
 
+mod common;
+
 use std::net::SocketAddr;
 
-use orders_api::{Config, Db};
 use serde_json::Value;
 
 async fn serve() -> SocketAddr {
-    let path = std::env::temp_dir().join(format!(
-        "orders_service_{}_{}.db",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    ));
-    let db = Db::connect(Some(&format!("sqlite://{}", path.display())))
-        .await
-        .expect("open a fresh SQLite file");
-    db.migrate().await.expect("migrate");
-    let app = orders_api::app(db, Config::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
+    common::serve_on_fresh_sqlite("orders_service").await.0
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,19 +1,19 @@
-//! The [`IdempotencyService`]: the request flow of the layer.
+//! The [`IdempotencyService`]: the request flow of the layer, in DESIGN.md's order. A covered
+//! request is prepared (key, body, fingerprint: [`prepare`]), its key claimed ([`claim`]), and
+//! the claim's outcome answered ([`respond`]): the handler runs as a [`ClaimedRun`] when the
+//! key is ours, or the layer answers 409, 422 or the saved response.
 
 use std::{
     fmt,
-    future::Future,
     marker::PhantomData,
-    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
 
 use bytes::Bytes;
-use http::{header::CONTENT_LENGTH, Request, Response};
+use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::time::Instant;
 use tower_service::Service;
 use tracing::Instrument;
@@ -23,7 +23,7 @@ use crate::{
     config::{Config, WAIT_POLL_INTERVAL},
     error::Rejection,
     fingerprint::Fingerprint,
-    key::{IdempotencyKey, KeyHash},
+    key::KeyHash,
     mode::{Mode, Standard},
     observe::{self, Outcome, RequestRecord},
     record,
@@ -34,10 +34,15 @@ use crate::{
 
 mod claimed;
 mod finish_on_drop;
+mod future;
 mod heartbeat;
+mod prepare;
 
 use claimed::ClaimedRun;
 use finish_on_drop::FinishOnDrop;
+use future::BoxFuture;
+pub use future::ResponseFuture;
+use prepare::{prepare, read_key, Prepared};
 
 /// Claims tried when the store reports a conflict (serialization failure, deadlock) before
 /// answering 503.
@@ -162,27 +167,6 @@ impl<S: fmt::Debug, St: fmt::Debug, M> fmt::Debug for IdempotencyService<S, St, 
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// The response future of [`IdempotencyService`].
-pub struct ResponseFuture<B, E> {
-    inner: BoxFuture<Result<Response<ResponseBody<B>>, E>>,
-}
-
-impl<B, E> Future for ResponseFuture<B, E> {
-    type Output = Result<Response<ResponseBody<B>>, E>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
-    }
-}
-
-impl<B, E> fmt::Debug for ResponseFuture<B, E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
-    }
-}
-
 impl<S, St, M, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, St, M>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>
@@ -231,21 +215,6 @@ where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
 {
     Ok(inner.call(req).await?.map(ResponseBody::inner))
-}
-
-/// A header name as people write it (`Idempotency-Key`), for error details; `HeaderName` keeps
-/// names in lower case.
-fn display_name(name: &http::HeaderName) -> String {
-    name.as_str()
-        .split('-')
-        .map(|part| {
-            let mut chars = part.chars();
-            chars.next().map_or_else(String::new, |first| {
-                first.to_ascii_uppercase().to_string() + chars.as_str()
-            })
-        })
-        .collect::<Vec<_>>()
-        .join("-")
 }
 
 fn reject<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
@@ -312,111 +281,6 @@ where
     let token = FencingToken::new();
     let outcome = claim(&layer, prepared.key_hash, prepared.fingerprint, token).await;
     respond(inner, layer, prepared, token, outcome, record).await
-}
-
-/// A request the layer answers itself before claiming anything: the answer and its log line.
-struct Refusal {
-    rejection: Rejection,
-    note: &'static str,
-}
-
-impl Refusal {
-    fn answer<B>(self, record: &RequestRecord) -> Response<ResponseBody<B>> {
-        record.finish(Outcome::Rejected, &self.note);
-        reject(self.rejection)
-    }
-}
-
-/// The key from its header: `None` when absent and the layer lets such requests through.
-fn read_key(config: &Config, headers: &http::HeaderMap) -> Result<Option<IdempotencyKey>, Refusal> {
-    match IdempotencyKey::from_headers(headers, &config.header) {
-        Ok(Some(key)) => Ok(Some(key)),
-        Ok(None) if config.required => Err(Refusal {
-            rejection: Rejection::MissingKey {
-                header: display_name(&config.header),
-            },
-            note: "no idempotency key: 400",
-        }),
-        Ok(None) => Ok(None),
-        Err(reason) => Err(Refusal {
-            rejection: Rejection::InvalidKey {
-                header: display_name(&config.header),
-                reason,
-            },
-            note: "invalid idempotency key: 400",
-        }),
-    }
-}
-
-/// A keyed request ready to claim: its body buffered, its key scoped, its fingerprint taken.
-struct Prepared {
-    parts: http::request::Parts,
-    bytes: Bytes,
-    key: IdempotencyKey,
-    key_hash: KeyHash,
-    fingerprint: Fingerprint,
-}
-
-/// Buffer the body, scope the key, fingerprint the request.
-async fn prepare<B>(
-    config: &Config,
-    parts: http::request::Parts,
-    body: B,
-    key: IdempotencyKey,
-) -> Result<Prepared, Refusal>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let bytes = read_body(config, &parts.headers, body).await?;
-    let key_hash = key.scoped_hash(&config.scope.scope(&parts));
-    let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
-    Ok(Prepared {
-        parts,
-        bytes,
-        key,
-        key_hash,
-        fingerprint,
-    })
-}
-
-/// The whole body, up to the limit (413 over it, refused from `Content-Length` when it says so).
-async fn read_body<B>(config: &Config, headers: &http::HeaderMap, body: B) -> Result<Bytes, Refusal>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let too_large = || Rejection::BodyTooLarge {
-        limit: config.body_limit,
-    };
-    let declared_len = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared_len.is_some_and(|len| len > config.body_limit as u64) {
-        return Err(Refusal {
-            rejection: too_large(),
-            note: "the declared body is over the limit: 413",
-        });
-    }
-    let read = Limited::new(body, config.body_limit).collect();
-    match tokio::time::timeout(config.body_timeout, read).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(err)) if err.is::<LengthLimitError>() => Err(Refusal {
-            rejection: too_large(),
-            note: "the body is over the limit: 413",
-        }),
-        Ok(Err(_)) => Err(Refusal {
-            rejection: Rejection::UnreadableBody,
-            note: "the body could not be read: 400",
-        }),
-        Err(_elapsed) => Err(Refusal {
-            rejection: Rejection::BodyTimeout {
-                timeout: config.body_timeout,
-            },
-            note: "the body did not arrive within the body timeout: 408",
-        }),
-    }
 }
 
 /// The answer to each outcome of the claim: run the handler (claimed), 409 (in flight), 422
@@ -661,8 +525,10 @@ fn release_in_background<St: Store, M>(layer: &Shared<St, M>, key: KeyHash, toke
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use std::pin::Pin;
+
     use http::StatusCode;
-    use http_body_util::Full;
+    use http_body_util::{BodyExt, Full};
     use tower::ServiceExt;
 
     use super::*;
@@ -877,15 +743,6 @@ mod tests {
         let json: serde_json::Value = serde_json::from_slice(&body_of(full).await).unwrap();
         assert_eq!(json["title"], "Idempotency store full");
         assert!(count.load(Ordering::SeqCst) <= 16);
-    }
-
-    #[test]
-    fn header_names_are_shown_as_written_in_requests() {
-        assert_eq!(display_name(&crate::DEFAULT_HEADER_NAME), "Idempotency-Key");
-        assert_eq!(
-            display_name(&http::HeaderName::from_static("x-request-key")),
-            "X-Request-Key"
-        );
     }
 
     #[tokio::test]

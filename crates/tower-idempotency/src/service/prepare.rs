@@ -1,0 +1,156 @@
+//! Before the claim: the key from its header, the body buffered within its limit and time, the
+//! key scoped and the request fingerprinted. Each refusal here is answered before anything is
+//! claimed.
+
+use bytes::Bytes;
+use http::{header::CONTENT_LENGTH, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use super::reject;
+use crate::{
+    body::ResponseBody,
+    config::Config,
+    error::Rejection,
+    fingerprint::Fingerprint,
+    key::{IdempotencyKey, KeyHash},
+    observe::{Outcome, RequestRecord},
+    BoxError,
+};
+
+/// A request the layer answers itself before claiming anything: the answer and its log line.
+pub(super) struct Refusal {
+    rejection: Rejection,
+    note: &'static str,
+}
+
+impl Refusal {
+    pub(super) fn answer<B>(self, record: &RequestRecord) -> Response<ResponseBody<B>> {
+        record.finish(Outcome::Rejected, &self.note);
+        reject(self.rejection)
+    }
+}
+
+/// The key from its header: `None` when absent and the layer lets such requests through.
+pub(super) fn read_key(
+    config: &Config,
+    headers: &http::HeaderMap,
+) -> Result<Option<IdempotencyKey>, Refusal> {
+    match IdempotencyKey::from_headers(headers, &config.header) {
+        Ok(Some(key)) => Ok(Some(key)),
+        Ok(None) if config.required => Err(Refusal {
+            rejection: Rejection::MissingKey {
+                header: display_name(&config.header),
+            },
+            note: "no idempotency key: 400",
+        }),
+        Ok(None) => Ok(None),
+        Err(reason) => Err(Refusal {
+            rejection: Rejection::InvalidKey {
+                header: display_name(&config.header),
+                reason,
+            },
+            note: "invalid idempotency key: 400",
+        }),
+    }
+}
+
+/// A keyed request ready to claim: its body buffered, its key scoped, its fingerprint taken.
+pub(super) struct Prepared {
+    pub(super) parts: http::request::Parts,
+    pub(super) bytes: Bytes,
+    pub(super) key: IdempotencyKey,
+    pub(super) key_hash: KeyHash,
+    pub(super) fingerprint: Fingerprint,
+}
+
+/// Buffer the body, scope the key, fingerprint the request.
+pub(super) async fn prepare<B>(
+    config: &Config,
+    parts: http::request::Parts,
+    body: B,
+    key: IdempotencyKey,
+) -> Result<Prepared, Refusal>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let bytes = read_body(config, &parts.headers, body).await?;
+    let key_hash = key.scoped_hash(&config.scope.scope(&parts));
+    let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
+    Ok(Prepared {
+        parts,
+        bytes,
+        key,
+        key_hash,
+        fingerprint,
+    })
+}
+
+/// The whole body, up to the limit (413 over it, refused from `Content-Length` when it says so).
+async fn read_body<B>(config: &Config, headers: &http::HeaderMap, body: B) -> Result<Bytes, Refusal>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let too_large = || Rejection::BodyTooLarge {
+        limit: config.body_limit,
+    };
+    let declared_len = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared_len.is_some_and(|len| len > config.body_limit as u64) {
+        return Err(Refusal {
+            rejection: too_large(),
+            note: "the declared body is over the limit: 413",
+        });
+    }
+    let read = Limited::new(body, config.body_limit).collect();
+    match tokio::time::timeout(config.body_timeout, read).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(err)) if err.is::<LengthLimitError>() => Err(Refusal {
+            rejection: too_large(),
+            note: "the body is over the limit: 413",
+        }),
+        Ok(Err(_)) => Err(Refusal {
+            rejection: Rejection::UnreadableBody,
+            note: "the body could not be read: 400",
+        }),
+        Err(_elapsed) => Err(Refusal {
+            rejection: Rejection::BodyTimeout {
+                timeout: config.body_timeout,
+            },
+            note: "the body did not arrive within the body timeout: 408",
+        }),
+    }
+}
+
+/// A header name as people write it (`Idempotency-Key`), for error details; `HeaderName` keeps
+/// names in lower case.
+fn display_name(name: &http::HeaderName) -> String {
+    name.as_str()
+        .split('-')
+        .map(|part| {
+            let mut chars = part.chars();
+            chars.next().map_or_else(String::new, |first| {
+                first.to_ascii_uppercase().to_string() + chars.as_str()
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_names_are_shown_as_written_in_requests() {
+        assert_eq!(display_name(&crate::DEFAULT_HEADER_NAME), "Idempotency-Key");
+        assert_eq!(
+            display_name(&http::HeaderName::from_static("x-request-key")),
+            "X-Request-Key"
+        );
+    }
+}
