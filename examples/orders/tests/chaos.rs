@@ -22,8 +22,7 @@ use std::{
 };
 
 use fault_proxy::FaultProxy;
-use sqlx::{Connection, Executor};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const KEYS: usize = 1_000;
 const REQUESTS: usize = 5_000;
@@ -41,30 +40,18 @@ const LOAD_DEADLINE: Duration = Duration::from_secs(90);
 
 /// A fresh PostgreSQL database: its name, the server address, and a direct pool on it.
 async fn fresh_postgres() -> (String, std::net::SocketAddr, sqlx::PgPool) {
-    let url = std::env::var("DATABASE_URL").expect(
-        "DATABASE_URL is not set: export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
-    );
-    let name = common::unique("orders_chaos");
-    let mut admin = sqlx::PgConnection::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
-    admin
-        .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{name}""#)))
-        .await
-        .expect("create the test database");
-    admin.close().await.ok();
-    let opts: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    let server = tokio::net::lookup_host((opts.get_host().to_owned(), opts.get_port()))
+    let db = common::fresh_postgres("orders_chaos").await;
+    let server = tokio::net::lookup_host((db.options.get_host().to_owned(), db.options.get_port()))
         .await
         .expect("resolve the PostgreSQL host")
         .next()
         .expect("an address for the PostgreSQL host");
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
-        .connect_with(opts.database(&name))
+        .connect_with(db.options)
         .await
         .expect("connect to the test database");
-    (name, server, pool)
+    (db.name, server, pool)
 }
 
 /// `DATABASE_URL` with its host and port replaced by `addr` and its database by `database`.
@@ -91,15 +78,11 @@ struct Server {
 
 /// Start the real binary on `database_url` and wait (up to 60 s) for its `listening on` line.
 async fn start(database_url: &str) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_orders-api"))
-        .env("DATABASE_URL", database_url)
-        .env("BIND_ADDR", "127.0.0.1:0")
+    let mut child = common::orders_api(database_url)
         .env("PAYMENT_LATENCY_MS", "2")
         .env("IDEMPOTENCY_LEASE_MS", LEASE_MS.to_string())
         .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn the orders-api binary");
     let base = common::listening_url(&mut child).await;

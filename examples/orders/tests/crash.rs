@@ -14,8 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::{Connection, Executor};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const BODY: &str = r#"{"customerId": "c_crash", "totalCents": 4000}"#;
 
@@ -38,34 +37,13 @@ impl Probe {
 
 /// A fresh PostgreSQL database: its URL and a pool on it.
 async fn fresh_postgres() -> (String, Probe) {
-    let url = std::env::var("DATABASE_URL").expect(
-        "DATABASE_URL is not set: export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
-    );
-    let name = common::unique("orders_crash");
-    let mut admin = sqlx::PgConnection::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
-    admin
-        .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{name}""#)))
-        .await
-        .expect("create the test database");
-    admin.close().await.ok();
-    let opts: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    let opts = opts.database(&name);
+    let db = common::fresh_postgres("orders_crash").await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
-        .connect_with(opts)
+        .connect_with(db.options)
         .await
         .expect("connect to the test database");
-    // Same server and credentials, the fresh database.
-    let (without_query, query) = match url.split_once('?') {
-        Some((u, q)) => (u, format!("?{q}")),
-        None => (url.as_str(), String::new()),
-    };
-    let (server, _) = without_query
-        .rsplit_once('/')
-        .expect("DATABASE_URL ends with a database name");
-    (format!("{server}/{name}{query}"), Probe::Postgres(pool))
+    (db.url, Probe::Postgres(pool))
 }
 
 /// A fresh SQLite file: its URL and a pool on it (opened once the binary created it).
@@ -95,15 +73,11 @@ struct Server {
 
 /// Start the real binary and wait (up to 60 s) for its `listening on http://ADDR` line.
 async fn start(database_url: &str, payment_latency_ms: u64) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_orders-api"))
-        .env("DATABASE_URL", database_url)
-        .env("BIND_ADDR", "127.0.0.1:0")
+    let mut child = common::orders_api(database_url)
         .env("PAYMENT_LATENCY_MS", payment_latency_ms.to_string())
         .env("IDEMPOTENCY_LEASE_MS", "1000")
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn the orders-api binary");
     let base = common::listening_url(&mut child).await;

@@ -15,11 +15,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::{Connection, Executor};
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::TcpStream,
-    process::{Child, Command},
+    process::Child,
 };
 
 const BODY: &str = r#"{"customerId": "c_shutdown", "totalCents": 4000}"#;
@@ -47,26 +46,7 @@ impl Drop for SqliteFile {
 
 /// A fresh PostgreSQL database on the server of `DATABASE_URL`: its URL.
 async fn fresh_postgres() -> String {
-    let url = std::env::var("DATABASE_URL").expect(
-        "DATABASE_URL is not set: export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
-    );
-    let name = common::unique("orders_hardening");
-    let mut admin = sqlx::PgConnection::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
-    admin
-        .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{name}""#)))
-        .await
-        .expect("create the test database");
-    admin.close().await.ok();
-    let (without_query, query) = match url.split_once('?') {
-        Some((u, q)) => (u, format!("?{q}")),
-        None => (url.as_str(), String::new()),
-    };
-    let (server, _) = without_query
-        .rsplit_once('/')
-        .expect("DATABASE_URL ends with a database name");
-    format!("{server}/{name}{query}")
+    common::fresh_postgres("orders_hardening").await.url
 }
 
 /// A view of the binary's database, to see its claims.
@@ -154,14 +134,8 @@ impl Server {
 /// Start the real binary with `env` on top of the defaults and wait (up to 60 s) for its
 /// `listening on http://ADDR` line.
 async fn start(database_url: &str, env: &[(&str, &str)]) -> Server {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_orders-api"));
-    command
-        .env("DATABASE_URL", database_url)
-        .env("BIND_ADDR", "127.0.0.1:0")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    let mut command = common::orders_api(database_url);
+    command.env("RUST_LOG", "info").stderr(Stdio::piped());
     for (name, value) in env {
         command.env(name, value);
     }

@@ -55,3 +55,58 @@ pub async fn listening_url(child: &mut tokio::process::Child) -> String {
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     url
 }
+
+/// A database created for one test on the PostgreSQL server of `DATABASE_URL`.
+pub struct FreshPostgres {
+    /// Its name.
+    pub name: String,
+    /// `DATABASE_URL` with the database replaced by this one (a query string, if any, kept).
+    pub url: String,
+    /// The connect options of `DATABASE_URL`, on this database.
+    pub options: sqlx::postgres::PgConnectOptions,
+}
+
+/// Create a database named after `prefix` (see [`unique`]) on the server of `DATABASE_URL`.
+pub async fn fresh_postgres(prefix: &str) -> FreshPostgres {
+    use sqlx::{Connection, Executor};
+    let url = std::env::var("DATABASE_URL").expect(
+        "DATABASE_URL is not set: export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
+    );
+    let name = unique(prefix);
+    let mut admin = sqlx::PgConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
+    admin
+        .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{name}""#)))
+        .await
+        .expect("create the test database");
+    admin.close().await.ok();
+    let options = url
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .expect("DATABASE_URL parses")
+        .database(&name);
+    let (without_query, query) = match url.split_once('?') {
+        Some((u, q)) => (u, format!("?{q}")),
+        None => (url.as_str(), String::new()),
+    };
+    let (server, _) = without_query
+        .rsplit_once('/')
+        .expect("DATABASE_URL ends with a database name");
+    FreshPostgres {
+        url: format!("{server}/{name}{query}"),
+        name,
+        options,
+    }
+}
+
+/// The real binary on `database_url`, on a free port of 127.0.0.1, with its stdout piped for
+/// [`listening_url`] and killed when the child is dropped; each test adds its own settings.
+pub fn orders_api(database_url: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_orders-api"));
+    command
+        .env("DATABASE_URL", database_url)
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
