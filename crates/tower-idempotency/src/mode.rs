@@ -127,13 +127,3 @@ impl<St: Store> Mode<St> for Standard {
         None
     }
 }
-
-/// The answer of the transactional modes to a save that failed: the work was rolled back with
-/// it, so the client must not get the handler's answer.
-#[cfg(feature = "sqlx")]
-pub(crate) fn rolled_back(failure: &SaveFailure<'_>, lease: Duration) -> Rejection {
-    match failure {
-        SaveFailure::FencedOut => Rejection::LeaseLost { retry_after: lease },
-        SaveFailure::Failed(err) => Rejection::for_store_error(err),
-    }
-}

@@ -64,7 +64,7 @@ use crate::{
     config::WAIT_POLL_INTERVAL,
     error::Rejection,
     key::KeyHash,
-    mode::{self, Mode, SaveFailure, Sealed},
+    mode::{Mode, SaveFailure, Sealed},
     store::{
         postgres::PostgresStore, Claim, ClaimOutcome, Fenced, FencingToken, StoreError,
         StoredResponse, TransactionalStore,
@@ -144,6 +144,6 @@ impl Mode<PostgresStore> for SingleCommit {
     }
 
     fn unsaved(failure: &SaveFailure<'_>, lease: Duration) -> Option<Rejection> {
-        Some(mode::rolled_back(failure, lease))
+        <Transactional as Mode<PostgresStore>>::unsaved(failure, lease)
     }
 }

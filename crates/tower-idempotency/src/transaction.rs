@@ -50,7 +50,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use crate::{
     error::Rejection,
     key::KeyHash,
-    mode::{self, Mode, SaveFailure, Sealed},
+    mode::{Mode, SaveFailure, Sealed},
     store::{Fenced, FencingToken, StoreError, StoredResponse, TransactionalStore},
     timeout::bounded,
 };
@@ -230,7 +230,10 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
 
     /// The work was rolled back with the save: the client gets 409 (fenced out) or 503.
     fn unsaved(failure: &SaveFailure<'_>, lease: Duration) -> Option<Rejection> {
-        Some(mode::rolled_back(failure, lease))
+        Some(match failure {
+            SaveFailure::FencedOut => Rejection::LeaseLost { retry_after: lease },
+            SaveFailure::Failed(err) => Rejection::for_store_error(err),
+        })
     }
 }
 
