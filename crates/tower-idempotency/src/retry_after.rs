@@ -70,11 +70,18 @@ impl Durations {
         if state.running.get(key) == Some(&start) {
             state.running.remove(key);
         }
-        let tracked = state.by_path.len() < MAX_PATHS || state.by_path.contains_key(path);
-        let slot = if tracked {
-            state.by_path.entry(path.to_owned()).or_insert(took)
-        } else {
-            state.other_paths.get_or_insert(took)
+        let State {
+            by_path,
+            other_paths,
+            ..
+        } = &mut *state;
+        // The path is copied only the first time it is seen, not on every attempt.
+        if by_path.len() < MAX_PATHS && !by_path.contains_key(path) {
+            by_path.insert(path.to_owned(), took);
+        }
+        let slot = match by_path.get_mut(path) {
+            Some(slot) => slot,
+            None => other_paths.get_or_insert(took),
         };
         *slot = slot.mul_f64(1.0 - WEIGHT_OF_NEWEST) + took.mul_f64(WEIGHT_OF_NEWEST);
     }
