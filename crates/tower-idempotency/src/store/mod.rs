@@ -29,6 +29,10 @@ mod memory;
 #[cfg(feature = "memory")]
 pub use memory::MemoryStore;
 
+#[cfg(feature = "sqlx")]
+mod batch;
+#[cfg(feature = "sqlx")]
+pub use batch::{BatchStats, Batching};
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -505,6 +509,19 @@ impl StoreError {
     /// What kind of failure this is.
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
+    }
+
+    /// The same failure, for each of the operations that shared a failed batch: the kind, and
+    /// the source's text.
+    #[cfg(feature = "sqlx")]
+    pub(crate) fn for_each_entry(&self) -> Self {
+        match &self.source {
+            Some(source) => Self::new(self.kind, source.to_string()),
+            None => Self {
+                kind: self.kind,
+                source: None,
+            },
+        }
     }
 
     /// `true` for the kinds a later retry can cure (the layer answers 503 with `Retry-After`):

@@ -27,6 +27,22 @@
 //! connection, by a `pg_notify` that writes no record (see [Waiting](#waiting)). Time is the
 //! database's: `now()`, never the application's clock.
 //!
+//! # Group commit
+//!
+//! Concurrent requests share statements and commits: claims wait in a bounded queue, and one
+//! `INSERT .. SELECT .. FROM unnest(..) ON CONFLICT .. RETURNING` claims everything that queued
+//! while the previous batches were in the database; saves, releases and renewals likewise share
+//! one `UPDATE .. FROM unnest(..)` or `DELETE .. USING unnest(..)`, each row checked against its
+//! own fencing token. There is no timer: a lone request finds an empty queue and runs at once.
+//! [`Batching`] sets the largest batch, how many batches may be in the database at once and the
+//! queue's bound (a full queue answers [`StoreErrorKind::Full`], 503);
+//! [`PostgresStore::batch_stats`] tells how much was shared. The rules per entry are those of
+//! one statement per request, and two entries for one key never share a statement (see
+//! [`Batching`]'s module notes in the crate's design document). In single-commit mode the claim
+//! runs inside the handler's transaction, which no other request can share, so it is not
+//! batched; in transactional mode the claim is batched and the save stays in the handler's
+//! transaction.
+//!
 //! # Migrations
 //!
 //! [`PostgresStore::migrate`] applies the embedded migrations and tracks them in its own table,
@@ -77,12 +93,16 @@ use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
 
+use super::batch::{BatchStats, Batcher, Batching, Counters};
 use super::sql::{self, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
 };
 use crate::key::KeyHash;
+
+mod batch;
+use batch::{Change, Claims, Write, WriteKind, Writes};
 
 /// The parameters and the claim row, as both SQL stores bind and read them.
 type Codec = sql::Codec<Postgres>;
@@ -192,6 +212,10 @@ FROM found"#,
 /// One case remains: a row inserted by a transaction that committed after the snapshot. `ON
 /// CONFLICT` waits for it and sees it, but no read in this statement can: the statement returns
 /// no row, and [`PostgresStore::claim`] runs it again with a fresh snapshot.
+///
+/// [`batch::CLAIM_MANY`] is this statement for many keys at once, which is how the store claims
+/// outside single-commit mode.
+#[allow(dead_code)]
 const CLAIM: &str = claim_sql!("", "", "");
 
 /// [`CLAIM`] inside the handler's transaction, for single-commit mode: the claim is gated by a
@@ -208,13 +232,6 @@ UNION ALL
 SELECT 'in_flight', false, NULL, NULL, NULL, NULL
 WHERE NOT (SELECT held FROM lock) AND NOT EXISTS (SELECT FROM live)"
 );
-
-/// Extend the lease of the running record held with the token.
-const RENEW: &str = r#"
-UPDATE idempotency_records
-SET lease_until = now() + $3 * interval '1 millisecond'
-WHERE key = $1 AND token = $2 AND state = 'running'
-"#;
 
 /// Save the response on the running record held with the token (its expiry unchanged); one row
 /// if the token matched, telling whether a waiter watches the record.
@@ -289,6 +306,11 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: PgPool,
+    claims: Batcher<Claims>,
+    completes: Batcher<Writes>,
+    releases: Batcher<Writes>,
+    renewals: Batcher<Writes>,
+    batches: Arc<Counters>,
     waiters: Arc<Waiters>,
     listener: Mutex<ListenerState>,
     /// `true` while the listener task listens.
@@ -296,10 +318,41 @@ struct Inner {
 }
 
 impl PostgresStore {
-    /// A store on `pool`. Nothing is sent to the database until the first operation.
+    /// A store on `pool`, batching with [`Batching::default`]. Nothing is sent to the database
+    /// until the first operation.
     pub fn new(pool: PgPool) -> Self {
+        Self::with_batching(pool, Batching::default())
+    }
+
+    /// A store on `pool` whose concurrent claims, saves, releases and renewals share statements
+    /// as `batching` says (see [Group commit](self#group-commit)).
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::{postgres::{sqlx::PgPool, PostgresStore}, Batching};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = PgPool::connect("postgres://postgres@localhost/app").await?;
+    /// let store = PostgresStore::with_batching(pool, Batching::default().max_batch(64));
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_batching(pool: PgPool, batching: Batching) -> Self {
+        let batches = Arc::new(Counters::default());
+        let writes = |kind| {
+            let runner = Writes {
+                pool: pool.clone(),
+                kind,
+            };
+            Batcher::new(runner, batching, batches.clone())
+        };
         Self {
             inner: Arc::new(Inner {
+                claims: Batcher::new(Claims { pool: pool.clone() }, batching, batches.clone()),
+                completes: writes(WriteKind::Complete),
+                releases: writes(WriteKind::Release),
+                renewals: writes(WriteKind::Renew),
+                batches,
                 pool,
                 waiters: Arc::default(),
                 listener: Mutex::default(),
@@ -311,6 +364,11 @@ impl PostgresStore {
     /// The pool the store runs on.
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool
+    }
+
+    /// How much the store's batches have shared so far.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.inner.batches.snapshot()
     }
 
     /// Create or upgrade the `idempotency_records` table.
@@ -361,17 +419,7 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        for _ in 0..CLAIM_ATTEMPTS {
-            let row = sqlx::query_with(CLAIM, Codec::claim(claim)?)
-                .fetch_optional(&self.inner.pool)
-                .await?;
-            if let Some(row) = row {
-                return Codec::claim_outcome(&row);
-            }
-            // Raced with an insert committed after this statement's snapshot: see CLAIM.
-            tracing::trace!(target: "tower_idempotency", "claim raced with a concurrent insert; claiming again");
-        }
-        Err(raced())
+        self.inner.claims.submit(claim.clone()).await
     }
 
     async fn renew(
@@ -380,10 +428,15 @@ impl Store for PostgresStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Fenced, StoreError> {
-        let done = sqlx::query_with(RENEW, Codec::renew(key, token, lease)?)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(Fenced::from_rows(done.rows_affected()))
+        let lease_ms = sql::millis(lease);
+        self.inner
+            .renewals
+            .submit(Write {
+                key: *key,
+                token,
+                change: Change::Renew { lease_ms },
+            })
+            .await
     }
 
     async fn complete(
@@ -392,16 +445,30 @@ impl Store for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        let mut conn = self.inner.pool.acquire().await?;
-        complete_on(&mut conn, key, token, response).await
+        let change = Change::Complete {
+            status: i32::from(response.status.as_u16()),
+            headers: response.encode_headers(),
+            body: response.body.clone(),
+        };
+        self.inner
+            .completes
+            .submit(Write {
+                key: *key,
+                token,
+                change,
+            })
+            .await
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        let mut conn = self.inner.pool.acquire().await?;
-        let watched: Option<bool> = sqlx::query_scalar_with(RELEASE, Codec::held(key, token)?)
-            .fetch_optional(&mut *conn)
-            .await?;
-        notify_if_watched(&mut conn, key, watched).await
+        self.inner
+            .releases
+            .submit(Write {
+                key: *key,
+                token,
+                change: Change::Release,
+            })
+            .await
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {

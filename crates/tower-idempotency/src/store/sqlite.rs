@@ -45,6 +45,18 @@
 //! SQLite's clock (`julianday('now')`), in milliseconds since the Unix epoch, never the
 //! application's.
 //!
+//! # Group commit
+//!
+//! The writes of concurrent requests (claims, saves, releases, renewals) share one transaction:
+//! they wait in a bounded queue, and one `BEGIN IMMEDIATE .. COMMIT` runs everything that queued
+//! while the previous batch held the write lock, each entry's own statement in arrival order.
+//! One journal sync and one hold of the write lock serve the whole batch; a lone request finds an
+//! empty queue and runs at once. [`Batching`] sets the largest batch and the queue's bound (a
+//! full queue answers [`StoreErrorKind::Full`], 503); SQLite has one writer, so batches never
+//! overlap whatever the pipeline setting. [`SqliteStore::batch_stats`] tells how much was shared.
+//! In transactional mode the claim is batched, and the handler's own transaction keeps its turn
+//! in the writer queue.
+//!
 //! # Migrations
 //!
 //! [`SqliteStore::migrate`] applies the embedded migrations and tracks them in its own table,
@@ -80,12 +92,16 @@ use tokio::{sync::Mutex, time::Instant};
 
 pub use sqlx;
 
+use super::batch::{BatchStats, Batcher, Batching, Counters};
 use super::sql::{self, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
     TransactionalStore,
 };
 use crate::key::KeyHash;
+
+mod batch;
+use batch::{Write, Writes, Written};
 
 /// The parameters and the claim row, as both SQL stores bind and read them.
 type Codec = sql::Codec<Sqlite>;
@@ -213,21 +229,61 @@ pub struct SqliteStore {
 
 struct Inner {
     pool: SqlitePool,
+    /// Every write of the store, batched (see [Group commit](self#group-commit)).
+    writes: Batcher<Writes>,
+    batches: Arc<Counters>,
     waiters: Arc<Waiters>,
     /// This process's writers, one at a time in arrival order (see the module docs).
     writers: Arc<Mutex<()>>,
 }
 
 impl SqliteStore {
-    /// A store on `pool`. Nothing is sent to the database until the first operation.
+    /// A store on `pool`, batching with [`Batching::default`]. Nothing is sent to the database
+    /// until the first operation.
     pub fn new(pool: SqlitePool) -> Self {
+        Self::with_batching(pool, Batching::default())
+    }
+
+    /// A store on `pool` whose concurrent writes share transactions as `batching` says (see
+    /// [Group commit](self#group-commit)).
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::{sqlite::{sqlx::SqlitePool, SqliteStore}, Batching};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = SqlitePool::connect("sqlite://app.db?mode=rwc").await?;
+    /// let store = SqliteStore::with_batching(pool, Batching::default().max_batch(32));
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_batching(pool: SqlitePool, batching: Batching) -> Self {
+        let waiters: Arc<Waiters> = Arc::default();
+        let writers: Arc<Mutex<()>> = Arc::default();
+        let batches = Arc::new(Counters::default());
+        let announce = {
+            let waiters = waiters.clone();
+            Arc::new(move |key: &KeyHash| waiters.wake(key))
+        };
+        let runner = Writes {
+            pool: pool.clone(),
+            writers: writers.clone(),
+            announce,
+        };
         Self {
             inner: Arc::new(Inner {
+                writes: Batcher::new(runner, batching.pipeline(1), batches.clone()),
+                batches,
                 pool,
-                waiters: Arc::default(),
-                writers: Arc::default(),
+                waiters,
+                writers,
             }),
         }
+    }
+
+    /// How much the store's batches have shared so far.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.inner.batches.snapshot()
     }
 
     /// The pool the store runs on.
@@ -291,16 +347,13 @@ impl Store for SqliteStore {
             .bind(claim.fingerprint.as_bytes().as_slice())
             .fetch_optional(&self.inner.pool)
             .await?;
-        let row = match live {
-            Some(row) => row,
-            None => {
-                let _writer = self.inner.writers.lock().await;
-                sqlx::query_with(CLAIM, Codec::claim(claim)?)
-                    .fetch_one(&self.inner.pool)
-                    .await?
-            }
-        };
-        Codec::claim_outcome(&row)
+        match live {
+            Some(row) => Codec::claim_outcome(&row),
+            None => match self.inner.writes.submit(Write::Claim(claim.clone())).await? {
+                Written::Claim(outcome) => Ok(outcome),
+                Written::Fenced(_) => Err(StoreError::corrupt("a claim was answered as a write")),
+            },
+        }
     }
 
     async fn renew(
@@ -309,11 +362,13 @@ impl Store for SqliteStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Fenced, StoreError> {
-        let _writer = self.inner.writers.lock().await;
-        let done = sqlx::query_with(RENEW, Codec::renew(key, token, lease)?)
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(Fenced::from_rows(done.rows_affected()))
+        self.inner
+            .fenced(Write::Renew {
+                key: *key,
+                token,
+                lease,
+            })
+            .await
     }
 
     async fn complete(
@@ -322,22 +377,19 @@ impl Store for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        let fenced = {
-            let _writer = self.inner.writers.lock().await;
-            complete_on(&self.inner.pool, key, token, response).await?
-        };
-        Ok(self.inner.announce(key, fenced))
+        self.inner
+            .fenced(Write::Complete {
+                key: *key,
+                token,
+                response: response.clone(),
+            })
+            .await
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        let fenced = {
-            let _writer = self.inner.writers.lock().await;
-            let done = sqlx::query_with(RELEASE, Codec::held(key, token)?)
-                .execute(&self.inner.pool)
-                .await?;
-            Fenced::from_rows(done.rows_affected())
-        };
-        Ok(self.inner.announce(key, fenced))
+        self.inner
+            .fenced(Write::Release { key: *key, token })
+            .await
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
@@ -388,6 +440,14 @@ impl TransactionalStore for SqliteStore {
 }
 
 impl Inner {
+    /// Run a token-checked write in the next batch.
+    async fn fenced(&self, write: Write) -> Result<Fenced, StoreError> {
+        match self.writes.submit(write).await? {
+            Written::Fenced(fenced) => Ok(fenced),
+            Written::Claim(_) => Err(StoreError::corrupt("a write was answered as a claim")),
+        }
+    }
+
     /// Wake this process's waiters on `key` if the write was applied: SQLite cannot notify other
     /// connections, so this is the only announcement of a change.
     fn announce(&self, key: &KeyHash, fenced: Fenced) -> Fenced {
