@@ -375,13 +375,21 @@ mod tests {
         let batcher = batcher(Doubler::default(), Batching::default());
         assert_eq!(batcher.submit(21).await.unwrap(), 42);
         assert_eq!(*lock(&batcher.runner.sizes), [1]);
-        assert_eq!(batcher.counters.snapshot(), BatchStats { batches: 1, entries: 1 });
+        assert_eq!(
+            batcher.counters.snapshot(),
+            BatchStats {
+                batches: 1,
+                entries: 1
+            }
+        );
     }
 
     /// Queue `n` at once (no task to schedule), keeping the receiver of its answer.
     fn queue(batcher: &Batcher<Doubler>, n: u32) -> oneshot::Receiver<Result<u32, StoreError>> {
         let (reply, answer) = oneshot::channel();
-        batcher.enqueue(Pending { entry: n, reply }).expect("queued");
+        batcher
+            .enqueue(Pending { entry: n, reply })
+            .expect("queued");
         answer
     }
 

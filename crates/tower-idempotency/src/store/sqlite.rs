@@ -349,7 +349,12 @@ impl Store for SqliteStore {
             .await?;
         match live {
             Some(row) => Codec::claim_outcome(&row),
-            None => match self.inner.writes.submit(Write::Claim(claim.clone())).await? {
+            None => match self
+                .inner
+                .writes
+                .submit(Write::Claim(claim.clone()))
+                .await?
+            {
                 Written::Claim(outcome) => Ok(outcome),
                 Written::Fenced(_) => Err(StoreError::corrupt("a claim was answered as a write")),
             },
@@ -387,9 +392,7 @@ impl Store for SqliteStore {
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        self.inner
-            .fenced(Write::Release { key: *key, token })
-            .await
+        self.inner.fenced(Write::Release { key: *key, token }).await
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {

@@ -242,9 +242,7 @@ async fn claim_many(
 }
 
 /// Run `statement` again while the database aborts it over a conflict with a concurrent one.
-async fn retry_conflicts<T, F>(
-    mut statement: impl FnMut() -> F,
-) -> Result<T, StoreError>
+async fn retry_conflicts<T, F>(mut statement: impl FnMut() -> F) -> Result<T, StoreError>
 where
     F: std::future::Future<Output = Result<T, StoreError>>,
 {

@@ -94,7 +94,9 @@ impl Runner for Writes {
             let _writer = writes.writers.lock().await;
             let released = async {
                 let held = Codec::held(&claim.key, claim.token)?;
-                sqlx::query_with(RELEASE, held).execute(&writes.pool).await?;
+                sqlx::query_with(RELEASE, held)
+                    .execute(&writes.pool)
+                    .await?;
                 Ok::<_, StoreError>(())
             }
             .await;

@@ -1,0 +1,371 @@
+//! Group commit in the SQL stores, against real databases: many requests share one statement
+//! (PostgreSQL) or one transaction (SQLite), and each still gets exactly the outcome it would get
+//! alone. Duplicates inside one batch, a batch mixing every outcome, a thousand requests over a
+//! hundred keys through the layer (one store, and two instances on one database), and a
+//! connection cut in the middle of a batch.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use axum::{body::Body, extract::State, routing::post, Router};
+use fault_proxy::{CutPoint, FaultProxy};
+use futures_util::future::join_all;
+use http::{Request, StatusCode};
+use sqlx::postgres::PgPoolOptions;
+use tower::ServiceExt;
+use tower_idempotency::{
+    store::{
+        postgres::PostgresStore, sqlite::SqliteStore, BatchStats, ClaimOutcome, Store,
+        StoreErrorKind,
+    },
+    Idempotency, IdempotencyKey, REPLAYED_HEADER,
+};
+use tower_idempotency_tests::{
+    contract::{
+        bounded, claim_of, claimed, random_key, response, retry_of, retry_with_lease, DAY, LONG,
+    },
+    fresh_postgres_database, fresh_postgres_pool, fresh_sqlite_pool,
+};
+
+/// A store whose batch statistics the tests read.
+trait Batched: Store + Clone {
+    fn stats(&self) -> BatchStats;
+    /// Whether a claim answered by a committed record is read outside the batch (SQLite reads
+    /// replays, duplicates in flight and mismatches without the write lock).
+    const READS_OUTSIDE_THE_BATCH: bool;
+}
+
+impl Batched for PostgresStore {
+    fn stats(&self) -> BatchStats {
+        self.batch_stats()
+    }
+    const READS_OUTSIDE_THE_BATCH: bool = false;
+}
+
+impl Batched for SqliteStore {
+    fn stats(&self) -> BatchStats {
+        self.batch_stats()
+    }
+    const READS_OUTSIDE_THE_BATCH: bool = true;
+}
+
+async fn postgres() -> PostgresStore {
+    let store = PostgresStore::new(fresh_postgres_pool(16).await);
+    store.migrate().await.expect("migrate");
+    store
+}
+
+async fn sqlite() -> SqliteStore {
+    let store = SqliteStore::new(fresh_sqlite_pool(8).await);
+    store.migrate().await.expect("migrate");
+    store
+}
+
+const SHORT: Duration = Duration::from_millis(300);
+
+/// One batch holding every outcome a claim can have, and two pairs of entries for one key.
+async fn one_batch_answers_every_outcome<S: Batched>(store: S) {
+    let done = claim_of(random_key(), "done", LONG, DAY);
+    let running = claim_of(random_key(), "running", LONG, DAY);
+    let bound = claim_of(random_key(), "bound", LONG, DAY);
+    let expired = claim_of(random_key(), "expired", SHORT / 2, SHORT);
+    let stale = claim_of(random_key(), "stale", SHORT, DAY);
+    for setup in [&done, &running, &bound, &expired, &stale] {
+        assert_eq!(store.claim(setup).await.unwrap(), claimed(false));
+    }
+    let saved = response();
+    assert!(store
+        .complete(&done.key, done.token, &saved)
+        .await
+        .unwrap()
+        .applied());
+    // Sleep: the passing of the lease and of the retention is what is tested.
+    tokio::time::sleep(SHORT + Duration::from_millis(200)).await;
+
+    let fresh = claim_of(random_key(), "fresh", LONG, DAY);
+    let twin = claim_of(random_key(), "twin", LONG, DAY);
+    let rival = claim_of(random_key(), "rival", LONG, DAY);
+    let batch = vec![
+        retry_of(&done),
+        retry_of(&running),
+        claim_of(bound.key, "another body", LONG, DAY),
+        claim_of(expired.key, "a new request", LONG, DAY),
+        retry_with_lease(&stale, LONG),
+        fresh.clone(),
+        twin.clone(),
+        retry_of(&twin),
+        rival.clone(),
+        claim_of(rival.key, "another body", LONG, DAY),
+    ];
+    let before = store.stats();
+    // Polled in order in one task of a current-thread runtime: every claim is queued before
+    // the batch driver runs, so they share one batch.
+    let outcomes: Vec<ClaimOutcome> = join_all(batch.iter().map(|claim| store.claim(claim)))
+        .await
+        .into_iter()
+        .map(|outcome| outcome.expect("claim"))
+        .collect();
+    let shared = store.stats() - before;
+    assert_eq!(outcomes[0], ClaimOutcome::Done(saved));
+    assert!(
+        matches!(outcomes[1], ClaimOutcome::InFlight { lease_remaining } if lease_remaining > Duration::ZERO)
+    );
+    assert_eq!(outcomes[2], ClaimOutcome::Mismatch);
+    assert_eq!(
+        outcomes[3],
+        claimed(false),
+        "an expired record is claimed afresh"
+    );
+    assert_eq!(outcomes[4], claimed(true), "a lapsed lease is taken over");
+    assert_eq!(outcomes[5], claimed(false));
+    assert_eq!(outcomes[6], claimed(false), "the first of two twins claims");
+    assert!(
+        matches!(outcomes[7], ClaimOutcome::InFlight { lease_remaining } if lease_remaining > LONG / 2),
+        "the second twin is in flight behind the first: {:?}",
+        outcomes[7]
+    );
+    assert_eq!(outcomes[8], claimed(false));
+    assert_eq!(
+        outcomes[9],
+        ClaimOutcome::Mismatch,
+        "another body for a claimed key"
+    );
+    if S::READS_OUTSIDE_THE_BATCH {
+        // Each claim reads first, and its read's answer decides when it queues: the seven that
+        // need the write lock share batches as their reads come back.
+        assert_eq!(shared.entries, 7, "{shared:?}");
+    } else {
+        assert_eq!(
+            shared,
+            BatchStats {
+                batches: 1,
+                entries: 10
+            },
+            "the claims did not share one batch"
+        );
+    }
+
+    // Fencing holds per entry: saves of one batch, one with a stale token.
+    let saves = [
+        (fresh.key, fresh.token),
+        (twin.key, twin.token),
+        (stale.key, stale.token),
+    ];
+    let answer = response();
+    let fenced: Vec<_> = join_all(
+        saves
+            .iter()
+            .map(|(key, token)| store.complete(key, *token, &answer)),
+    )
+    .await
+    .into_iter()
+    .map(|fenced| fenced.expect("complete").applied())
+    .collect();
+    assert_eq!(fenced, [true, true, false], "only the holders' saves apply");
+}
+
+#[tokio::test]
+async fn postgres_one_batch_answers_every_outcome() {
+    bounded(
+        "the mixed batch",
+        one_batch_answers_every_outcome(postgres().await),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite_one_batch_answers_every_outcome() {
+    bounded(
+        "the mixed batch",
+        one_batch_answers_every_outcome(sqlite().await),
+    )
+    .await;
+}
+
+/// Executions of the handler, by key.
+#[derive(Clone, Default)]
+struct Executions(Arc<Mutex<HashMap<String, usize>>>);
+
+async fn create(State(executions): State<Executions>, key: IdempotencyKey) -> (StatusCode, String) {
+    let mut executions = executions.0.lock().unwrap();
+    *executions.entry(key.as_str().to_owned()).or_default() += 1;
+    (StatusCode::CREATED, format!("order for {}", key.as_str()))
+}
+
+fn app<S: Store>(store: S, executions: Executions) -> Router {
+    Router::new()
+        .route("/orders", post(create))
+        .route_layer(Idempotency::new(store))
+        .with_state(executions)
+}
+
+/// 1,000 concurrent requests over 100 keys, spread over `apps` (instances on one database):
+/// exactly one execution per key, and every other request is a replay of that answer or 409.
+async fn a_thousand_requests_over_a_hundred_keys<S: Batched>(stores: Vec<S>) {
+    let executions = Executions::default();
+    let apps: Vec<Router> = stores
+        .iter()
+        .map(|store| app(store.clone(), executions.clone()))
+        .collect();
+    let before: Vec<BatchStats> = stores.iter().map(Batched::stats).collect();
+    let start = Arc::new(tokio::sync::Barrier::new(1000));
+    let tasks: Vec<_> = (0..1000)
+        .map(|i| {
+            let app = apps[i % apps.len()].clone();
+            let start = start.clone();
+            tokio::spawn(async move {
+                let key = format!("key-{}", i % 100);
+                let request = Request::post("/orders")
+                    .header("idempotency-key", &key)
+                    .header("content-type", "application/json")
+                    .body(Body::from(r#"{"totalCents": 4000}"#))
+                    .unwrap();
+                start.wait().await;
+                let response = app.oneshot(request).await.unwrap();
+                let replayed = response.headers().contains_key(REPLAYED_HEADER);
+                let status = response.status();
+                let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .unwrap();
+                (key, status, replayed, body)
+            })
+        })
+        .collect();
+    let mut first_answers = 0;
+    for task in tasks {
+        let (key, status, replayed, body) = task.await.unwrap();
+        match status {
+            StatusCode::CREATED => {
+                assert_eq!(body, format!("order for {key}"), "an answer of another key");
+                if !replayed {
+                    first_answers += 1;
+                }
+            }
+            StatusCode::CONFLICT => {}
+            other => panic!("{key}: unexpected {other}: {body:?}"),
+        }
+    }
+    let executions = executions.0.lock().unwrap();
+    assert_eq!(executions.len(), 100, "every key ran");
+    assert!(
+        executions.values().all(|&n| n == 1),
+        "a key ran twice: {executions:?}"
+    );
+    assert_eq!(first_answers, 100, "one first answer per key");
+    let shared: Vec<BatchStats> = stores
+        .iter()
+        .zip(before)
+        .map(|(store, before)| store.stats() - before)
+        .collect();
+    assert!(
+        shared.iter().any(|stats| stats.mean_batch() > 1.0),
+        "no operations shared a batch: {shared:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_thousand_requests_over_a_hundred_keys() {
+    bounded(
+        "1,000 requests",
+        a_thousand_requests_over_a_hundred_keys(vec![postgres().await]),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_two_instances_share_one_database() {
+    let pool = fresh_postgres_pool(16).await;
+    let first = PostgresStore::new(pool.clone());
+    first.migrate().await.expect("migrate");
+    // A second instance: its own pool and its own batches, on the same database.
+    let second = PostgresStore::new(
+        PgPoolOptions::new()
+            .max_connections(16)
+            .connect_with(pool.connect_options().as_ref().clone())
+            .await
+            .unwrap(),
+    );
+    bounded(
+        "1,000 requests on two instances",
+        a_thousand_requests_over_a_hundred_keys(vec![first, second]),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_a_thousand_requests_over_a_hundred_keys() {
+    bounded(
+        "1,000 requests",
+        a_thousand_requests_over_a_hundred_keys(vec![sqlite().await]),
+    )
+    .await;
+}
+
+/// A connection cut after the batch's claim reached the database and before its answer came
+/// back: every request in the batch gets a transient error (the layer's 503), none is told it
+/// holds the key, and the keys the database did claim are free again once their lease passes.
+#[tokio::test]
+async fn postgres_a_connection_cut_mid_batch_fails_every_entry_and_holds_no_key_past_its_lease() {
+    let options = fresh_postgres_database().await;
+    let target = tokio::net::lookup_host(format!("{}:{}", options.get_host(), options.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = FaultProxy::start(target).await.unwrap();
+    let direct = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    PostgresStore::new(direct.clone()).migrate().await.unwrap();
+    let proxied = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_lazy_with(options.host("127.0.0.1").port(proxy.addr().port()));
+    let store = PostgresStore::new(proxied);
+    let claims: Vec<_> = (0..20)
+        .map(|n| claim_of(random_key(), &format!("cut {n}"), SHORT, DAY))
+        .collect();
+    // The first key's bytes travel in the batch's parameters.
+    proxy.cut_at(claims[0].key.0.to_vec(), CutPoint::BeforeTheAnswer);
+    let outcomes = bounded(
+        "the cut batch",
+        join_all(claims.iter().map(|claim| store.claim(claim))),
+    )
+    .await;
+    assert_eq!(proxy.triggers_fired(), 1, "the cut never happened");
+    for outcome in &outcomes {
+        let err = outcome
+            .as_ref()
+            .expect_err("no entry of a cut batch may claim");
+        assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err:?}");
+        assert!(err.is_transient());
+    }
+    // One statement, so all or nothing: if it committed before the cut, the keys are held, by
+    // nobody, for one lease.
+    let held: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE state = 'running'")
+            .fetch_one(&direct)
+            .await
+            .unwrap();
+    assert!(
+        held == 0 || held == 20,
+        "a batch half applied: {held} of 20"
+    );
+    let lapsed = Instant::now() + SHORT + Duration::from_millis(100);
+    tokio::time::sleep_until(lapsed.into()).await;
+    for claim in &claims {
+        assert_eq!(
+            store
+                .claim(&retry_of(claim))
+                .await
+                .expect("claim after the lease"),
+            claimed(held == 20),
+            "the key must be free once its lease has passed"
+        );
+    }
+}
