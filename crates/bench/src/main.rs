@@ -295,7 +295,7 @@ macro_rules! insert_handlers {
             let id = sqlx::query_scalar::<_, i64>($insert)
                 .bind(&order.customer_id)
                 .bind(order.total_cents)
-                .fetch_one(&mut **tx)
+                .fetch_one(&mut *tx)
                 .await;
             inserted(id, &order)
         }

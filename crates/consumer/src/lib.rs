@@ -70,7 +70,7 @@
 //!
 //! `postgres`, `sqlite`, `redis`: one per backend, none by default, so a PostgreSQL user never
 //! compiles the Redis client.
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
 mod outcome;

@@ -33,11 +33,16 @@ pub use memory::MemoryStore;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-#[cfg(any(feature = "memory", feature = "sqlx", feature = "redis"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "redis"
+))]
 mod waiters;
 
 /// A fencing token: issued by every successful claim, required by every later write.
@@ -396,7 +401,7 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     }
 }
 
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 /// A store whose records live in a SQL database, so the handler's writes and the saved response
 /// can commit in one transaction (transactional mode).
@@ -519,7 +524,7 @@ impl StoreError {
 }
 
 /// The kind of a database error, from its SQLSTATE (PostgreSQL) or result code (SQLite).
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
     #[cfg(feature = "postgres")]
     if let Some(pg) = err.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
@@ -556,7 +561,7 @@ fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
     StoreErrorKind::Backend
 }
 
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
