@@ -114,7 +114,7 @@ async fn work_in_transaction(
     };
     let inserted = sqlx::query("INSERT INTO work (idem_key) VALUES ($1)")
         .bind(key.as_str())
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await;
     match inserted {
         Ok(_) => created(n),

@@ -5,6 +5,7 @@ use std::{sync::Arc, time::Duration};
 use http::{HeaderName, Method};
 
 use crate::{
+    error::{RejectionResponse, DEFAULT_PROBLEM_TYPE_BASE},
     fingerprint::{DefaultFingerprint, FingerprintFn},
     key::{AuthorizationScope, ScopeFn},
     record::{DefaultSavePolicy, SavePolicy},
@@ -49,6 +50,14 @@ pub(crate) struct Config {
     pub(crate) fail_open: bool,
     pub(crate) store_timeout: Duration,
     pub(crate) retry_after: RetryAfter,
+    /// Refuse requests whose scope is anonymous (400 `MissingScope`).
+    pub(crate) require_scope: bool,
+    /// The base of the problem `type` URIs.
+    pub(crate) problem_type_base: Arc<str>,
+    /// The user's own refusal response, replacing the problem document.
+    pub(crate) rejection_response: Option<Arc<dyn RejectionResponse>>,
+    /// The header that marks a replay.
+    pub(crate) replay_header: HeaderName,
     /// Shared by every clone of the layer, so the estimate learns from all of them.
     pub(crate) durations: Arc<Durations>,
 }
@@ -70,6 +79,10 @@ impl Default for Config {
             fail_open: false,
             store_timeout: DEFAULT_STORE_TIMEOUT,
             retry_after: RetryAfter::default(),
+            require_scope: false,
+            problem_type_base: Arc::from(DEFAULT_PROBLEM_TYPE_BASE),
+            rejection_response: None,
+            replay_header: crate::record::REPLAYED_HEADER,
             durations: Arc::default(),
         }
     }

@@ -106,7 +106,7 @@ impl Idempotency<crate::store::redis::RedisStore> {
     }
 }
 
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 impl<St: crate::store::TransactionalStore> Idempotency<St> {
     /// Switch to transactional mode: the handler gets an [`IdempotencyTransaction`](crate::IdempotencyTransaction) and its writes
     /// commit together with the saved response. See the [module docs](crate::transaction).

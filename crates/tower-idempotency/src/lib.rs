@@ -23,17 +23,8 @@
 //!    answer is still saved for the retry. A store that cannot be reached gives 503 (fail
 //!    closed).
 //!
-//! | status | from the layer when |
-//! |---|---|
-//! | 400 | the key is missing (when required) or invalid |
-//! | 408 | the body did not arrive within the body timeout |
-//! | 409 | the first attempt with this key is still running (`Retry-After`: when it should be done, estimated from recent handler durations, see [`RetryAfter`]) |
-//! | 413 | the body is over the limit |
-//! | 422 | the key was first used for a different request |
-//! | 500 | the store answered with an error a retry will not cure (the log has the cause) |
-//! | 503 | the store is unavailable or full (`Retry-After: 1`) |
-//!
-//! All are `application/problem+json` ([`Rejection`]).
+//! Every status the layer answers with, and its headers and body: [the table
+//! above](#what-the-layer-answers).
 //!
 //! # Stores
 //!
@@ -82,11 +73,8 @@ pub mod single_commit;
 pub mod store;
 pub mod sweeper;
 mod timeout;
-#[cfg(feature = "sqlx")]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
-)]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))))]
 pub mod transaction;
 
 pub use body::{RequestBody, ResponseBody};
@@ -94,10 +82,10 @@ pub use config::{
     DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS,
     DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
 };
-pub use error::Rejection;
+pub use error::{Rejection, RejectionResponse};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyHash, Scope};
-pub use layer::Idempotency;
+pub use layer::{Idempotency, IdempotencyLayer};
 pub use mode::{Mode, Standard};
 pub use not_processed::NotProcessed;
 #[cfg(feature = "metrics")]
@@ -108,11 +96,8 @@ pub use service::{IdempotencyService, ResponseFuture};
 #[cfg(feature = "postgres")]
 pub use single_commit::SingleCommit;
 pub use sweeper::Sweeper;
-#[cfg(feature = "sqlx")]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
-)]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))))]
 pub use transaction::{IdempotencyTransaction, Transactional};
 
 /// The error type of bodies the layer produces.

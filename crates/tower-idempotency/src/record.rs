@@ -4,7 +4,8 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::{body::ResponseBody, store::StoredResponse};
 
-/// The header added to every replayed response.
+/// The header added to every replayed response by default (rename it with
+/// [`with_replay_header`](crate::Idempotency::with_replay_header)).
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// Decides whether a handler's response is saved (and replayed to retries) or the key is released
@@ -105,14 +106,17 @@ pub(crate) fn saved_headers(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// The replay of a saved response: its status, headers, body and trailers, plus
-/// `Idempotent-Replayed: true`.
-pub(crate) fn replay<B>(saved: StoredResponse) -> Response<ResponseBody<B>> {
+/// `{replay_header}: true` (`Idempotent-Replayed: true` by default).
+pub(crate) fn replay<B>(
+    saved: StoredResponse,
+    replay_header: &HeaderName,
+) -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::with_trailers(saved.body, saved.trailers));
     *response.status_mut() = saved.status;
     *response.headers_mut() = saved.headers;
     response
         .headers_mut()
-        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+        .insert(replay_header.clone(), HeaderValue::from_static("true"));
     response
 }
 

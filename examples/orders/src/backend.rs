@@ -72,7 +72,7 @@ macro_rules! backend {
                     .bind(&order.customer_id)
                     .bind(order.total_cents)
                     .bind(&order.status)
-                    .execute(&mut **tx)
+                    .execute(&mut *tx)
                     .await?;
                 Ok(())
             }

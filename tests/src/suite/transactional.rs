@@ -72,7 +72,7 @@ impl Widgets for sqlx::Postgres {
         let mut tx = tx.begin().await?;
         sqlx::query("INSERT INTO widgets (note) VALUES ($1)")
             .bind(note)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await?;
         Ok(())
     }
@@ -105,7 +105,7 @@ impl Widgets for sqlx::Sqlite {
         let mut tx = tx.begin().await?;
         sqlx::query("INSERT INTO widgets (note) VALUES (?)")
             .bind(note)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await?;
         Ok(())
     }

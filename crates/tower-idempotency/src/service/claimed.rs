@@ -94,7 +94,7 @@ impl<St: Store> ClaimedRun<St> {
         if let Some(why) = self.not_to_save(&parts, &trailers) {
             self.give_up::<M>(run_state, &why).await;
         } else if let Some(rejection) = self.save::<M>(run_state, &parts, &body, &trailers).await {
-            return Ok(reject(rejection));
+            return Ok(reject(&self.config, rejection));
         }
         Ok(Response::from_parts(
             parts,

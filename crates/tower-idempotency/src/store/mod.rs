@@ -36,11 +36,17 @@ pub mod mysql;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-#[cfg(any(feature = "memory", feature = "sqlx", feature = "redis"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+))]
 mod waiters;
 
 /// A fencing token: issued by every successful claim, required by every later write.
@@ -399,11 +405,8 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     }
 }
 
-#[cfg(feature = "sqlx")]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
-)]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))))]
 /// A store whose records live in a SQL database, so the handler's writes and the saved response
 /// can commit in one transaction (transactional mode).
 ///
@@ -524,9 +527,8 @@ impl StoreError {
     }
 }
 
-/// The kind of a database error, from its SQLSTATE (PostgreSQL), result code (SQLite) or error
-/// number (MySQL).
-#[cfg(feature = "sqlx")]
+/// The kind of a database error, from its SQLSTATE (PostgreSQL) or result code (SQLite).
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
     #[cfg(feature = "mysql")]
     if let Some(my) = err.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
@@ -567,11 +569,8 @@ fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
     StoreErrorKind::Backend
 }
 
-#[cfg(feature = "sqlx")]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
-)]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))))]
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         let kind = match &err {
