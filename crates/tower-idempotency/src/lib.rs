@@ -74,7 +74,10 @@ pub mod store;
 pub mod sweeper;
 mod timeout;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 pub mod transaction;
 
 pub use body::{RequestBody, ResponseBody};
@@ -97,7 +100,10 @@ pub use service::{IdempotencyService, ResponseFuture};
 pub use single_commit::SingleCommit;
 pub use sweeper::Sweeper;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 pub use transaction::{IdempotencyTransaction, Transactional};
 
 /// The error type of bodies the layer produces.

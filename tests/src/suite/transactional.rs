@@ -138,7 +138,7 @@ impl Widgets for sqlx::MySql {
         let mut tx = tx.begin().await?;
         sqlx::query("INSERT INTO widgets (note) VALUES (?)")
             .bind(note)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await?;
         Ok(())
     }

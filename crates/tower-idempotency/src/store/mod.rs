@@ -406,7 +406,10 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 /// A store whose records live in a SQL database, so the handler's writes and the saved response
 /// can commit in one transaction (transactional mode).
 ///
@@ -570,7 +573,10 @@ fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         let kind = match &err {
