@@ -57,7 +57,7 @@ use sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
     Row, SqlSafeStr, Sqlite, SqlitePool, Transaction,
 };
-use tower_idempotency_consumer::{sqlite, Error, Outcome};
+use tower_idempotency_consumer::{Consumer, Error, Outcome, SqliteConsumer};
 
 mod problem;
 pub mod signature;
@@ -104,6 +104,7 @@ impl Config {
 #[derive(Clone)]
 struct AppState {
     pool: SqlitePool,
+    consumer: SqliteConsumer,
     config: Config,
 }
 
@@ -146,7 +147,8 @@ pub struct Payment {
 pub struct Ack {
     /// The event's id.
     pub id: String,
-    /// `applied`, `duplicate` (applied before) or `ignored` (a type this receiver skips).
+    /// `applied`, `duplicate` (applied before), `ignored` (a type this receiver skips) or
+    /// `parked` (failed too often; kept for a replay).
     pub status: String,
 }
 
@@ -157,7 +159,11 @@ pub fn app(pool: SqlitePool, config: Config) -> Router {
     Router::new()
         .route("/webhooks/payments", post(receive))
         .route("/payments/{payment_id}", get(payment))
-        .with_state(AppState { pool, config })
+        .with_state(AppState {
+            consumer: SqliteConsumer::new(pool.clone(), CONSUMER),
+            pool,
+            config,
+        })
 }
 
 /// Open the SQLite database at `url` (WAL mode, a busy timeout for concurrent deliveries).
@@ -174,7 +180,9 @@ pub async fn connect(url: &str) -> Result<SqlitePool, sqlx::Error> {
 
 /// Create the consumer's `processed_events` and this example's `payments` table.
 pub async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
-    sqlite::migrate(pool).await?;
+    SqliteConsumer::new(pool.clone(), CONSUMER)
+        .migrate()
+        .await?;
     Migrator::with_migrations(vec![Migration::new(
         1,
         "payments".into(),
@@ -223,14 +231,18 @@ async fn receive(
 
     let id = event.id.clone();
     // The closure owns the event: its future may only borrow the transaction.
-    let outcome = sqlite::process_once(&state.pool, CONSUMER, &id, move |tx| {
-        Box::pin(async move { apply(tx, &event).await })
-    })
-    .await;
+    let outcome = state
+        .consumer
+        .process_once_with_payload(&id, Some(&body), move |tx| {
+            Box::pin(async move { apply(tx, &event).await })
+        })
+        .await;
     let status = match outcome {
         Ok(Outcome::Processed(true)) => "applied",
         Ok(Outcome::Processed(false)) => "ignored",
         Ok(Outcome::Duplicate) => "duplicate",
+        // Failed too often: acknowledged, kept for a replay (`SqliteConsumer::replay`).
+        Ok(_) | Err(Error::Parked(_)) => "parked",
         Err(Error::Work(err)) => return Err(Problem::unavailable(&err)),
         Err(err) => return Err(Problem::unavailable(&err)),
     };
