@@ -93,6 +93,7 @@ pub use mode::{Mode, Standard};
 pub use not_processed::NotProcessed;
 #[cfg(feature = "metrics")]
 pub use observe::describe_metrics;
+pub use observe::UNKNOWN_ROUTE;
 pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
 pub use retry_after::RetryAfter;
 pub use service::{IdempotencyService, ResponseFuture};
