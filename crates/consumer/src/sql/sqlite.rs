@@ -11,7 +11,7 @@
 //!     .process_once("evt_1", |tx| {
 //!         Box::pin(async move {
 //!             sqlx::query("INSERT INTO ledger (event_id, cents) VALUES ('evt_1', 4000)")
-//!                 .execute(&mut **tx)
+//!                 .execute(&mut *tx)
 //!                 .await
 //!         })
 //!     })
