@@ -428,7 +428,7 @@ impl<St: Store, M> Idempotency<St, M> {
         self.map_config(|c| c.replay_header = header)
     }
 
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
     pub(crate) fn into_mode<M2>(self) -> Idempotency<St, M2> {
         Idempotency {
             store: self.store,

@@ -33,9 +33,10 @@
 //! | [`MemoryStore`](store::MemoryStore) | `memory` (default) | [`Idempotency::memory`] |
 //! | `PostgresStore` | `postgres` | `Idempotency::postgres(pool)` |
 //! | `SqliteStore` | `sqlite` | `Idempotency::sqlite(pool)` |
+//! | `MySqlStore` | `mysql` | `Idempotency::mysql(pool)` (MySQL 8, MariaDB) |
 //! | `RedisStore` | `redis` | `Idempotency::redis(..)` |
 //!
-//! With PostgreSQL and SQLite, [transactional mode](transaction) commits the handler's writes
+//! With PostgreSQL, SQLite and MySQL, [transactional mode](transaction) commits the handler's writes
 //! and the saved answer together. What is promised, and where it ends: [`guarantees`].
 //!
 //! # Features
@@ -49,6 +50,7 @@ mod config;
     feature = "memory",
     feature = "postgres",
     feature = "sqlite",
+    feature = "mysql",
     feature = "redis"
 ))]
 mod constructors;
@@ -71,8 +73,11 @@ pub mod single_commit;
 pub mod store;
 pub mod sweeper;
 mod timeout;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 pub mod transaction;
 
 pub use body::{RequestBody, ResponseBody};
@@ -88,14 +93,18 @@ pub use mode::{Mode, Standard};
 pub use not_processed::NotProcessed;
 #[cfg(feature = "metrics")]
 pub use observe::describe_metrics;
+pub use observe::UNKNOWN_ROUTE;
 pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
 pub use retry_after::RetryAfter;
 pub use service::{IdempotencyService, ResponseFuture};
 #[cfg(feature = "postgres")]
 pub use single_commit::SingleCommit;
 pub use sweeper::Sweeper;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 pub use transaction::{IdempotencyTransaction, Transactional};
 
 /// The error type of bodies the layer produces.

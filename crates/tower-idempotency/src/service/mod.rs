@@ -235,7 +235,7 @@ where
     ReqBody: GuardedBody,
     ResBody: RecordedBody,
 {
-    let record = RequestRecord::new(req.method(), req.uri().path());
+    let record = RequestRecord::new(req.method(), req.uri().path(), observe::route_of(&req));
     let span = record.span().clone();
     let result = guard(inner, layer, req, record.clone())
         .instrument(span)
@@ -411,6 +411,7 @@ where
             Outcome::TakenOver,
             &"a lapsed lease was taken over; the handler runs again",
         );
+        observe::taken_over(record.route());
     } else {
         observe::record(Outcome::Claimed, &"key claimed; the handler runs");
     }
@@ -893,11 +894,13 @@ mod tests {
             })
         });
         let total = "idempotency_requests_total{outcome=";
-        assert_eq!(recorded.get(&format!("{total}saved}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}replayed}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}mismatch}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}rejected}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}released}}")), 1);
+        // No router matched these requests: the route is unknown, never the raw path.
+        let route = "http.route=unknown";
+        assert_eq!(recorded.get(&format!("{total}saved,{route}}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}replayed,{route}}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}mismatch,{route}}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}rejected,{route}}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}released,{route}}}")), 1);
         assert_eq!(
             recorded.sum(total),
             5,

@@ -10,6 +10,7 @@
 //! | [`MemoryStore`] | `memory` (default) | one process: tests, single-instance services |
 //! | `PostgresStore` | `postgres` | the default for real applications, transactional mode |
 //! | `SqliteStore` | `sqlite` | embedded, single node, transactional mode |
+//! | `MySqlStore` | `mysql` | applications on MySQL or MariaDB (InnoDB), transactional mode |
 //! | `RedisStore` | `redis` | work with no database row of its own, scale-out |
 //!
 //! [`DynStore`] holds any of them behind one type, for a store chosen at run time.
@@ -29,11 +30,13 @@ mod memory;
 #[cfg(feature = "memory")]
 pub use memory::MemoryStore;
 
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -41,6 +44,7 @@ pub mod sqlite;
     feature = "memory",
     feature = "postgres",
     feature = "sqlite",
+    feature = "mysql",
     feature = "redis"
 ))]
 mod waiters;
@@ -401,8 +405,11 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     }
 }
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 /// A store whose records live in a SQL database, so the handler's writes and the saved response
 /// can commit in one transaction (transactional mode).
 ///
@@ -524,8 +531,12 @@ impl StoreError {
 }
 
 /// The kind of a database error, from its SQLSTATE (PostgreSQL) or result code (SQLite).
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
+    #[cfg(feature = "mysql")]
+    if let Some(my) = err.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return mysql::error::kind(my);
+    }
     #[cfg(feature = "postgres")]
     if let Some(pg) = err.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
         return match pg.code() {
@@ -561,8 +572,11 @@ fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
     StoreErrorKind::Backend
 }
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         let kind = match &err {

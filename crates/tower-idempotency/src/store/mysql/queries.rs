@@ -1,0 +1,100 @@
+//! The SQL of the MySQL store, one statement per operation.
+//!
+//! MySQL numbers its `?` parameters by position, so each statement's comment gives the order
+//! it binds them in. Every statement is valid on MySQL 8 and on MariaDB 10.11; where the two
+//! differ, the comment says which form is used and why.
+
+/// The database's clock in milliseconds since the Unix epoch.
+///
+/// `UTC_TIMESTAMP(6)` does not depend on the session's `time_zone`, and `TIMESTAMPDIFF`
+/// between two `DATETIME`s is plain arithmetic, so every connection and every instance agrees
+/// (`UNIX_TIMESTAMP(NOW(6))` would go through the session's time zone, which is ambiguous in the
+/// hour a daylight-saving zone repeats). MySQL and MariaDB evaluate it once per statement.
+macro_rules! now_ms {
+    () => {
+        "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED)"
+    };
+}
+
+/// Read, without a lock, a live record that cannot be claimed: another fingerprint, `done`, or
+/// `running` under a valid lease. Those states hold until the record expires (a lease can only
+/// lapse, which [`CLAIM`] handles), so replays, duplicates in flight and mismatches are answered
+/// by this consistent read alone: no row lock that replays of a hot key would queue on, no write.
+///
+/// Binds 1 fingerprint, 2 key, 3 fingerprint. Columns as [`sql::Codec::claim_outcome`] reads
+/// them.
+///
+/// [`sql::Codec::claim_outcome`]: super::super::sql::Codec::claim_outcome
+pub(super) const LIVE: &str = concat!(
+    r#"
+SELECT CASE WHEN r.fingerprint <> ? THEN 'mismatch'
+            WHEN r.state = 'done' THEN 'done'
+            ELSE 'in_flight' END AS outcome,
+       FALSE AS taken_over,
+       GREATEST(0, r.lease_until - clock.now) AS lease_remaining_ms,
+       r.status, r.headers, r.body
+FROM idempotency_records AS r,
+     (SELECT "#,
+    now_ms!(),
+    r#" AS now) AS clock
+WHERE r.`key` = ?
+  AND r.expires_at > clock.now
+  AND (r.fingerprint <> ? OR r.state = 'done' OR r.lease_until > clock.now)
+"#
+);
+
+/// The claim: one `INSERT .. ON DUPLICATE KEY UPDATE` that decides every outcome under the
+/// primary key's row lock and reports it in the statement's OK packet. The file explains the
+/// statement and why it is atomic under InnoDB; the module docs show it.
+///
+/// Binds 1 key, 2 fingerprint, 3 token, 4 lease and 5 retention in milliseconds (the order of
+/// `sql::Codec::claim`). The insert id it returns decodes as [`Code`](super::Code).
+pub(super) const CLAIM: &str = include_str!("claim.sql");
+
+/// Extend the lease of the running record held with the token.
+///
+/// Binds 1 lease in milliseconds, 2 key, 3 token (`sql::Codec::renew_set_first`). sqlx asks
+/// for found rows (`CLIENT_FOUND_ROWS`), so a renewal that writes the same `lease_until` still
+/// counts its row.
+pub(super) const RENEW: &str = concat!(
+    "
+UPDATE idempotency_records
+SET lease_until = ",
+    now_ms!(),
+    " + ?
+WHERE `key` = ? AND token = ? AND state = 'running'
+"
+);
+
+/// Save the response on the running record held with the token (its expiry unchanged).
+///
+/// Binds 1 status, 2 headers, 3 body, 4 key, 5 token (`sql::Codec::complete_set_first`).
+pub(super) const COMPLETE: &str = "
+UPDATE idempotency_records
+SET state = 'done', status = ?, headers = ?, body = ?
+WHERE `key` = ? AND token = ? AND state = 'running'
+";
+
+/// Delete the running record held with the token.
+///
+/// Binds 1 key, 2 token (`sql::Codec::held`).
+pub(super) const RELEASE: &str = "
+DELETE FROM idempotency_records
+WHERE `key` = ? AND token = ? AND state = 'running'
+";
+
+/// Delete up to `?` expired records, oldest first, through the `expires_at` index.
+///
+/// One bounded statement: under REPEATABLE READ it locks the index range it scans (expired
+/// entries, which no claim inserts into: a new record expires in the future), under READ
+/// COMMITTED only the rows it deletes.
+pub(super) const SWEEP: &str = concat!(
+    "
+DELETE FROM idempotency_records
+WHERE expires_at <= ",
+    now_ms!(),
+    "
+ORDER BY expires_at
+LIMIT ?
+"
+);
