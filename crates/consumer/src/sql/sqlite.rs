@@ -132,7 +132,7 @@ DELETE FROM processed_events
 WHERE rowid IN (
     SELECT rowid FROM processed_events
     WHERE consumer = $1 AND status <> 'parked'
-      AND processed_at < "#,
+      AND processed_at <= "#,
         now_ms!(),
         r#" - $2
     LIMIT $3
