@@ -35,7 +35,7 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres")]
-//! # async fn run(ledger: tower_idempotency_consumer::PgConsumer) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn run(ledger: tower_idempotency_consumer::PgConsumer) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use futures_util::StreamExt;
 //! use tower_idempotency_consumer::nats::{self, async_nats::jetstream};
 //!
