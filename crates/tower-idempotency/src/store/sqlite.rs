@@ -262,7 +262,38 @@ impl SqliteStore {
             }
         }
     }
+
+    /// Check, without changing anything, that the table this store writes exists with every
+    /// column this version uses: for startup, when the schema is applied by your own migration
+    /// tool (the SQL is in the repository's `migrations/sqlite/`) instead of [`migrate`](Self::migrate).
+    ///
+    /// Fails with [`StoreErrorKind::Migration`] and a message naming the migrations to apply
+    /// when the table is missing or older than this version.
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::sqlite::SqliteStore) {
+    /// store.check_schema().await.expect("idempotency schema current");
+    /// # }
+    /// ```
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        sqlx::query(CHECK_SCHEMA)
+            .execute(&self.inner.pool)
+            .await
+            .map(drop)
+            .map_err(|err| {
+                StoreError::new(
+                    StoreErrorKind::Migration,
+                    format!(
+                        "the table idempotency_records is missing or not current ({err}); call SqliteStore::migrate() at startup, or apply migrations/sqlite/ (0001_idempotency_records.sql) with your migration tool"
+                    ),
+                )
+            })
+    }
 }
+
+/// Reads every column this version uses, and no row: fails when the table or a column is missing.
+const CHECK_SCHEMA: &str =
+    "SELECT key, fingerprint, token, state, status, headers, body, created_at, lease_until, expires_at FROM idempotency_records WHERE false";
 
 fn migrator() -> Migrator {
     sql::migrator(&[(
