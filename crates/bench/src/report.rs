@@ -177,8 +177,11 @@ fn messages(counted: &[Counted]) -> String {
     for c in counted {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.2} | {:.2} |",
-            c.workers, c.scenario, c.round_trips, c.statements
+            "| {} | {} | {:.2} | {} |",
+            c.workers,
+            c.scenario,
+            c.round_trips,
+            c.statements.map_or("-".into(), |s| format!("{s:.2}"))
         );
     }
     out

@@ -69,7 +69,7 @@ impl StoreKind {
     pub async fn start(self, setup: &Setup) -> Result<Option<Started>, BoxError> {
         match (self, setup.route) {
             (StoreKind::Memory, Route::Direct) => start_memory().await.map(Some),
-            (StoreKind::Redis, Route::Direct) => start_redis().await.map(Some),
+            (StoreKind::Redis, route) => start_redis(route).await.map(Some),
             (StoreKind::Postgres, route) => start_postgres(setup, route).await.map(Some),
             (StoreKind::Sqlite, Route::Direct) => start_sqlite().await.map(Some),
             (_, Route::Counted) => Ok(None),
@@ -244,11 +244,22 @@ async fn start_memory() -> Result<Started, BoxError> {
 
 /// The `redis` group also has a second bare row, the same handler plus one Redis `SET` (the
 /// fair bare for a layer that adds Redis round trips).
-async fn start_redis() -> Result<Started, BoxError> {
+async fn start_redis(route: Route) -> Result<Started, BoxError> {
     let url = std::env::var("REDIS_URL").map_err(|_| {
         "REDIS_URL is not set: export REDIS_URL=redis://127.0.0.1:6379 (or skip with --store)"
     })?;
-    let client = redis::Client::open(url.as_str())?;
+    let mut client = redis::Client::open(url.as_str())?;
+    let mut wire = None;
+    if route == Route::Counted {
+        let info = client.get_connection_info().clone();
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr().clone() else {
+            return Err("the bench counts Redis round trips over plain TCP only".into());
+        };
+        let counter = wire::Counter::start(upstream(&host, port).await?).await?;
+        let proxied = redis::ConnectionAddr::Tcp("127.0.0.1".into(), counter.addr().port());
+        client = redis::Client::open(info.set_addr(proxied))?;
+        wire = Some(counter);
+    }
     let prefix = format!("bench-{}", uuid::Uuid::new_v4().simple());
     let manager = redis::aio::ConnectionManager::new(client.clone()).await?;
     let store = RedisStore::connect(client)
@@ -278,7 +289,7 @@ async fn start_redis() -> Result<Started, BoxError> {
             },
         ],
         layered: vec![layered("redis", url)],
-        wire: None,
+        wire,
         resources: Resources::None,
     })
 }
@@ -427,6 +438,14 @@ async fn bench_sqlite_file() -> Result<(SqlitePool, std::path::PathBuf), BoxErro
     Ok((pool, path))
 }
 
+/// The address of a store's server, for the counting proxy.
+async fn upstream(host: &str, port: u16) -> Result<std::net::SocketAddr, BoxError> {
+    Ok(tokio::net::lookup_host((host, port))
+        .await?
+        .next()
+        .ok_or_else(|| format!("cannot resolve {host}:{port}"))?)
+}
+
 /// A pool on [`BENCH_DATABASE`] (created if missing), migrated, with the `bench_orders` table;
 /// with [`Route::Counted`], through a counting proxy, whose counter comes with it.
 async fn bench_database(
@@ -463,11 +482,8 @@ async fn bench_database(
             (pool, None)
         }
         Route::Counted => {
-            let upstream = tokio::net::lookup_host((opts.get_host(), opts.get_port()))
-                .await?
-                .next()
-                .ok_or("cannot resolve the PostgreSQL host")?;
-            let counter = wire::Counter::start(upstream).await?;
+            let upstream = upstream(opts.get_host(), opts.get_port()).await?;
+            let counter = wire::Counter::start_postgres(upstream).await?;
             let pool = PgPoolOptions::new()
                 .max_connections(wire::connections(workers).min(MAX_PG_CONNECTIONS) as u32)
                 .connect_with(

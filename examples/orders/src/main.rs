@@ -3,7 +3,8 @@
 //! The reference orders API, `POST /orders` guarded by tower-idempotency in transactional mode.
 //!
 //! ```text
-//! DATABASE_URL          postgres://... or sqlite://...   (default: SQLite file orders.db here)
+//! DATABASE_URL          postgres://..., mysql://... (MySQL 8, MariaDB) or sqlite://...
+//!                       (default: SQLite file orders.db here)
 //! BIND_ADDR             127.0.0.1:3000                   (port 0: any free port)
 //! PAYMENT_LATENCY_MS    0       simulated payment provider latency, before the order is written
 //! IDEMPOTENCY_LEASE_MS  30000   a crashed attempt's key frees after this

@@ -55,7 +55,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{
     migrate::{MigrateError, Migration, MigrationType, Migrator},
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
-    Row, SqlSafeStr, Sqlite, SqlitePool, Transaction,
+    Row, SqlSafeStr, SqliteConnection, SqlitePool,
 };
 use tower_idempotency_consumer::{Consumer, Error, Outcome, SqliteConsumer};
 
@@ -254,7 +254,7 @@ async fn receive(
 }
 
 /// The event's effect, in the transaction that records it: `true` if it changed a payment.
-async fn apply(tx: &mut Transaction<'static, Sqlite>, event: &Event) -> Result<bool, sqlx::Error> {
+async fn apply(tx: &mut SqliteConnection, event: &Event) -> Result<bool, sqlx::Error> {
     let (captured, refunded) = match event.kind.as_str() {
         "payment.captured" => (event.data.amount_cents, 0),
         "payment.refunded" => (0, event.data.amount_cents),
@@ -271,7 +271,7 @@ async fn apply(tx: &mut Transaction<'static, Sqlite>, event: &Event) -> Result<b
     .bind(&event.data.payment_id)
     .bind(captured)
     .bind(refunded)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     Ok(true)
 }

@@ -22,7 +22,8 @@
 -- Why exactly one of any number of concurrent attempts wins, under InnoDB: a duplicate-key
 -- INSERT .. ON DUPLICATE KEY UPDATE takes an exclusive (next-key) lock on the existing index
 -- record before it evaluates the UPDATE clause, and an UPDATE reads the latest committed row
--- version, not the statement's snapshot, at READ COMMITTED and at REPEATABLE READ alike.
+-- version, not the statement's snapshot, at the read-committed and repeatable-read isolation
+-- levels alike.
 -- Attempts on one key are therefore serialised on that lock: the first inserts (or updates)
 -- and commits at the end of its statement (autocommit), and the next one evaluates the UPDATE
 -- clause on the row the first wrote, finds it running under a valid lease, and writes nothing.

@@ -41,6 +41,11 @@
 //! the first. Time is the database's: `UTC_TIMESTAMP(6)` in milliseconds, never the
 //! application's clock nor the session's time zone.
 //!
+//! Each statement on the pool runs in a task of its own, so a store timeout that stops waiting
+//! for it does not cancel it halfway through MySQL's protocol (sqlx's MySQL connection does not
+//! recover from a statement dropped while it is prepared); the save inside the handler's
+//! transaction is a text statement, which needs no prepare, for the same reason.
+//!
 //! No `SELECT .. FOR UPDATE` is held across a handler: a claim is committed before the handler
 //! runs, and an in-flight duplicate waits on a row lock only while another claim, a `complete`
 //! or, in transactional mode, the `COMMIT` after the save, is under way.
@@ -79,7 +84,7 @@
 //! [`Store::sweep`] from your own scheduler); each sweep is one `DELETE .. LIMIT`. An expired
 //! row is already treated as absent by `claim`, so sweeping is about space, not correctness.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use sqlx::{
     migrate::Migrator,
@@ -218,17 +223,16 @@ impl Store for MySqlStore {
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         for _ in 0..CLAIM_ATTEMPTS {
             let live = sqlx::query(LIVE)
-                .bind(claim.fingerprint.as_bytes().as_slice())
-                .bind(claim.key.as_bytes().as_slice())
-                .bind(claim.fingerprint.as_bytes().as_slice())
-                .fetch_optional(&self.inner.pool)
-                .await?;
-            if let Some(row) = live {
+                .bind(claim.fingerprint.as_bytes().to_vec())
+                .bind(claim.key.as_bytes().to_vec())
+                .bind(claim.fingerprint.as_bytes().to_vec());
+            let pool = self.inner.pool.clone();
+            if let Some(row) = detached(async move { live.fetch_optional(&pool).await }).await? {
                 return Codec::claim_outcome(&row);
             }
-            let done = sqlx::query_with(CLAIM, Codec::claim(claim)?)
-                .execute(&self.inner.pool)
-                .await?;
+            let write = sqlx::query_with(CLAIM, Codec::claim(claim)?);
+            let pool = self.inner.pool.clone();
+            let done = detached(async move { write.execute(&pool).await }).await?;
             match Code::from_insert_id(done.last_insert_id()) {
                 Code::Claimed => return Ok(ClaimOutcome::claimed()),
                 Code::TakenOver => return Ok(ClaimOutcome::taken_over()),
@@ -252,9 +256,9 @@ impl Store for MySqlStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Fenced, StoreError> {
-        let done = sqlx::query_with(RENEW, Codec::renew_set_first(key, token, lease)?)
-            .execute(&self.inner.pool)
-            .await?;
+        let write = sqlx::query_with(RENEW, Codec::renew_set_first(key, token, lease)?);
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
         Ok(Fenced::from_rows(done.rows_affected()))
     }
 
@@ -264,24 +268,27 @@ impl Store for MySqlStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        let fenced = complete_on(&self.inner.pool, key, token, response).await?;
-        Ok(self.inner.announce(key, fenced))
+        let write = sqlx::query_with(COMPLETE, Codec::complete_set_first(key, token, response)?);
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
+        Ok(self
+            .inner
+            .announce(key, Fenced::from_rows(done.rows_affected())))
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        let done = sqlx::query_with(RELEASE, Codec::held(key, token)?)
-            .execute(&self.inner.pool)
-            .await?;
+        let write = sqlx::query_with(RELEASE, Codec::held(key, token)?);
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
         Ok(self
             .inner
             .announce(key, Fenced::from_rows(done.rows_affected())))
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(SWEEP)
-            .bind(i64::from(batch))
-            .execute(&self.inner.pool)
-            .await?;
+        let write = sqlx::query(SWEEP).bind(i64::from(batch));
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
         Ok(done.rows_affected())
     }
 
@@ -310,8 +317,14 @@ impl TransactionalStore for MySqlStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        let fenced = complete_on(&mut **tx, key, token, response).await?;
-        Ok(self.inner.announce(key, fenced))
+        let done = sqlx::raw_sql(sqlx::AssertSqlSafe(queries::complete_text(
+            key, token, response,
+        )))
+        .execute(&mut **tx)
+        .await?;
+        Ok(self
+            .inner
+            .announce(key, Fenced::from_rows(done.rows_affected())))
     }
 }
 
@@ -326,18 +339,22 @@ impl Inner {
     }
 }
 
-/// [`COMPLETE`] on a pool or inside a transaction. sqlx asks for found rows, so the count is
-/// the rows the token matched.
-async fn complete_on<'e>(
-    executor: impl sqlx::MySqlExecutor<'e>,
-    key: &KeyHash,
-    token: FencingToken,
-    response: &StoredResponse,
-) -> Result<Fenced, StoreError> {
-    let done = sqlx::query_with(COMPLETE, Codec::complete_set_first(key, token, response)?)
-        .execute(executor)
-        .await?;
-    Ok(Fenced::from_rows(done.rows_affected()))
+/// Run a statement on the pool in a task of its own, so that a caller who stops waiting (the
+/// layer's store timeout) does not cancel it halfway through MySQL's protocol.
+///
+/// sqlx's MySQL connection cannot recover from a statement dropped while it is being prepared
+/// (the first use of a statement on a connection): it waits for an answer the server never sends,
+/// and the pool's check of the returned connection hangs with it, a pool slot lost for good. In
+/// its own task the statement runs to its end and returns the connection whole; its result, if
+/// nobody waits any more, is dropped. The layer already accounts for a write that lands after its
+/// timeout (a claim that lands late holds the key until its lease lapses).
+async fn detached<T: Send + 'static>(
+    statement: impl Future<Output = Result<T, sqlx::Error>> + Send + 'static,
+) -> Result<T, StoreError> {
+    match tokio::spawn(statement).await {
+        Ok(result) => Ok(result?),
+        Err(err) => Err(StoreError::new(StoreErrorKind::Backend, err)),
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,11 @@
 //! it binds them in. Every statement is valid on MySQL 8 and on MariaDB 10.11; where the two
 //! differ, the comment says which form is used and why.
 
+use crate::{
+    key::KeyHash,
+    store::{FencingToken, StoredResponse},
+};
+
 /// The database's clock in milliseconds since the Unix epoch.
 ///
 /// `UTC_TIMESTAMP(6)` does not depend on the session's `time_zone`, and `TIMESTAMPDIFF`
@@ -75,6 +80,44 @@ SET state = 'done', status = ?, headers = ?, body = ?
 WHERE `key` = ? AND token = ? AND state = 'running'
 ";
 
+/// [`COMPLETE`] as one text statement with its values written in, for the save inside the
+/// handler's transaction: a text statement needs no prepare, so a save the layer stops waiting
+/// for (its store timeout drops the transaction) leaves sqlx's connection able to roll back and
+/// return to the pool; a prepared statement dropped while it is being prepared does not (see
+/// `detached`). Every value is the layer's own bytes written as a hex literal, and the status a
+/// number: no text from a request reaches the statement.
+pub(super) fn complete_text(
+    key: &KeyHash,
+    token: FencingToken,
+    response: &StoredResponse,
+) -> String {
+    let headers = response.encode_headers();
+    let mut sql = String::with_capacity(160 + 2 * (headers.len() + response.body.len()));
+    sql.push_str("UPDATE idempotency_records SET state = 'done', status = ");
+    sql.push_str(&response.status.as_u16().to_string());
+    sql.push_str(", headers = ");
+    push_hex(&mut sql, &headers);
+    sql.push_str(", body = ");
+    push_hex(&mut sql, &response.body);
+    sql.push_str(" WHERE `key` = ");
+    push_hex(&mut sql, key.as_bytes());
+    sql.push_str(" AND token = ");
+    push_hex(&mut sql, token.as_uuid().as_bytes());
+    sql.push_str(" AND state = 'running'");
+    sql
+}
+
+/// `bytes` as a MySQL hex literal, `X'..'` (`X''` is the empty string, a valid empty body).
+fn push_hex(sql: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    sql.push_str("X'");
+    for byte in bytes {
+        sql.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        sql.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+    sql.push('\'');
+}
+
 /// Delete the running record held with the token.
 ///
 /// Binds 1 key, 2 token (`sql::Codec::held`).
@@ -98,3 +141,31 @@ ORDER BY expires_at
 LIMIT ?
 "
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_save_writes_every_value_as_a_literal() {
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"\x00'\\;"),
+        );
+        let token = FencingToken::from_uuid(uuid::Uuid::from_bytes([0xab; 16]));
+        let sql = complete_text(&KeyHash([1; 32]), token, &response);
+        assert!(
+            sql.contains("status = 201, headers = X'', body = X'00275c3b'"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains(&format!("`key` = X'{}'", "01".repeat(32))),
+            "{sql}"
+        );
+        assert!(
+            sql.contains(&format!("token = X'{}'", "ab".repeat(16))),
+            "{sql}"
+        );
+    }
+}
