@@ -65,6 +65,8 @@ mod layer;
 mod mode;
 mod not_processed;
 mod observe;
+#[cfg(feature = "utoipa")]
+pub mod openapi;
 mod record;
 mod retry_after;
 mod service;
