@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command: makes sure PostgreSQL, MariaDB, Redis (and a local Redis Cluster) are reachable on
-# 127.0.0.1, then runs every test of the workspace with every feature. Exits non-zero on any
-# failure; never skips a database test.
+# The test command: makes sure PostgreSQL, MariaDB, Redis (and a local Redis Cluster), RabbitMQ
+# and NATS JetStream are reachable on 127.0.0.1, then runs every test of the workspace with every
+# feature. Exits non-zero on any failure; never skips a database or broker test.
 #
 #   scripts/test.sh                 # everything
 #   scripts/test.sh -E 'test(seed)' # extra arguments go to cargo nextest
@@ -12,6 +12,8 @@ export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 export MYSQL_URL="${MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 export REDIS_CLUSTER_URLS="${REDIS_CLUSTER_URLS:-redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003}"
+export AMQP_URL="${AMQP_URL:-amqp://127.0.0.1:5672/%2f}"
+export NATS_URL="${NATS_URL:-127.0.0.1:4222}"
 
 log() { printf '[test.sh] %s\n' "$*" >&2; }
 
@@ -101,6 +103,51 @@ ensure_redis() {
   wait_port 6379 Redis
 }
 
+# A broker on its standard port: docker compose where Docker runs, else the installed server.
+docker_runs() { command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; }
+
+ensure_rabbitmq() {
+  port_open 5672 && return 0
+  if docker_runs; then
+    log "starting RabbitMQ with docker compose"
+    docker compose up -d --wait rabbitmq
+  elif command -v rabbitmq-server >/dev/null 2>&1; then
+    log "starting the local RabbitMQ"
+    rabbitmq-server -detached
+  else
+    log "RabbitMQ is not reachable on 127.0.0.1:5672 and neither Docker nor rabbitmq-server is installed:"
+    log "install rabbitmq-server (apt-get install rabbitmq-server) or run: docker compose up -d rabbitmq"
+    return 1
+  fi
+  # RabbitMQ takes a while to boot (Erlang VM, then the AMQP listener).
+  for _ in $(seq 1 120); do
+    port_open 5672 && return 0
+    sleep 0.5
+  done
+  log "RabbitMQ is not reachable on 127.0.0.1:5672 after 60 s"
+  return 1
+}
+
+ensure_nats() {
+  port_open 4222 && return 0
+  if docker_runs; then
+    log "starting NATS (JetStream) with docker compose"
+    docker compose up -d --wait nats
+  elif [ -x /usr/sbin/nats-server ] || command -v nats-server >/dev/null 2>&1; then
+    log "starting the local NATS server with JetStream"
+    local bin
+    bin=$(command -v nats-server || echo /usr/sbin/nats-server)
+    mkdir -p /var/lib/nats-server
+    start-stop-daemon --start --oknodo --background --exec "$bin" -- \
+      -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  else
+    log "NATS is not reachable on 127.0.0.1:4222 and neither Docker nor nats-server is installed:"
+    log "install nats-server (apt-get install nats-server) or run: docker compose up -d nats"
+    return 1
+  fi
+  wait_port 4222 NATS
+}
+
 ensure_nextest() {
   command -v cargo-nextest >/dev/null 2>&1 && return 0
   log "installing cargo-nextest"
@@ -126,10 +173,12 @@ ensure_postgres
 ensure_mariadb
 ensure_redis
 scripts/redis-cluster.sh start
+ensure_rabbitmq
+ensure_nats
 ensure_nextest
 drop_old_test_databases
 
-log "DATABASE_URL=$DATABASE_URL MYSQL_URL=$MYSQL_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URLS=$REDIS_CLUSTER_URLS"
+log "DATABASE_URL=$DATABASE_URL MYSQL_URL=$MYSQL_URL REDIS_URL=$REDIS_URL REDIS_CLUSTER_URLS=$REDIS_CLUSTER_URLS AMQP_URL=$AMQP_URL NATS_URL=$NATS_URL"
 # nextest does not run doctests: run them first, so nextest's summary closes the run.
 cargo test --workspace --all-features --doc
 cargo nextest run --workspace --all-features --no-fail-fast "$@"

@@ -16,6 +16,10 @@ pub enum Error<E> {
     /// [`Outcome::Parked`](crate::Outcome::Parked) until it is replayed.
     #[error("the event's work failed on its last allowed attempt; the event is parked")]
     Parked(#[source] E),
+    /// The delivery carried no event id (a broker message without its id property or header):
+    /// it cannot be deduplicated, so the work did not run. Redelivering it would not help.
+    #[error("the delivery carries no event id, so it cannot be deduplicated")]
+    MissingEventId,
     /// The database failed: beginning, the dedupe insert, the commit or a rollback.
     ///
     /// If the commit itself failed on a lost connection the outcome is unknown; the next
@@ -39,9 +43,10 @@ pub enum Error<E> {
 
 impl<E> Error<E> {
     /// Whether the delivery should be redelivered (nacked): every error but
-    /// [`Parked`](Error::Parked), which is settled.
+    /// [`Parked`](Error::Parked), which is settled, and [`MissingEventId`](Error::MissingEventId),
+    /// which no redelivery mends.
     pub fn should_redeliver(&self) -> bool {
-        !matches!(self, Error::Parked(_))
+        !matches!(self, Error::Parked(_) | Error::MissingEventId)
     }
 }
 

@@ -22,7 +22,7 @@
 //!     .process_once("evt_123", |tx| {
 //!         Box::pin(async move {
 //!             sqlx::query("UPDATE accounts SET balance = balance + 40 WHERE id = 7")
-//!                 .execute(&mut **tx)
+//!                 .execute(&mut *tx)
 //!                 .await?;
 //!             Ok::<_, sqlx::Error>("credited")
 //!         })
@@ -69,12 +69,19 @@
 //! # Features
 //!
 //! `postgres`, `sqlite`, `redis`: one per backend, none by default, so a PostgreSQL user never
-//! compiles the Redis client.
+//! compiles the Redis client. `rabbitmq` ([`rabbitmq`], with `lapin`) and `nats` ([`nats`],
+//! with `async-nats`) acknowledge broker deliveries only after the commit.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+mod delivery;
 mod error;
 mod outcome;
 
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "sqlx")]

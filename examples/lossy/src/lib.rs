@@ -155,10 +155,18 @@ fn progress_bar(name: &str, settings: &Settings) -> ProgressBar {
 async fn count_orders(db: &Db, name: &str) -> Result<(u64, u64), BoxError> {
     const COUNT: &str =
         "SELECT COUNT(*), COUNT(DISTINCT customer_id) FROM orders WHERE customer_id LIKE $1";
+    const COUNT_MYSQL: &str =
+        "SELECT COUNT(*), COUNT(DISTINCT customer_id) FROM orders WHERE customer_id LIKE ?";
     let pattern = format!("{name}-%");
     let (orders, customers): (i64, i64) = match db {
         Db::Sqlite(pool) => sqlx::query_as(COUNT).bind(&pattern).fetch_one(pool).await?,
         Db::Postgres(pool) => sqlx::query_as(COUNT).bind(&pattern).fetch_one(pool).await?,
+        Db::MySql(pool) => {
+            sqlx::query_as(COUNT_MYSQL)
+                .bind(&pattern)
+                .fetch_one(pool)
+                .await?
+        }
     };
     Ok((orders.try_into()?, customers.try_into()?))
 }

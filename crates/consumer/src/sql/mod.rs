@@ -459,7 +459,7 @@ where
     ) -> Result<Outcome<T>, Error<E>>
     where
         E: fmt::Display,
-        F: for<'c> FnOnce(&'c mut Transaction<'static, DB>) -> BoxFuture<'c, Result<T, E>>,
+        F: for<'c> FnOnce(&'c mut DB::Connection) -> BoxFuture<'c, Result<T, E>>,
     {
         let mut tx = self.begin().await?;
         match self.claim(&mut tx, event_id).await? {
@@ -473,7 +473,7 @@ where
                 return Ok(Outcome::Parked { attempts });
             }
         }
-        let err = match work(&mut tx).await {
+        let err = match work(&mut *tx).await {
             Ok(value) => {
                 tx.commit().await?;
                 return Ok(Outcome::Processed(value));
@@ -571,7 +571,9 @@ where
     for<'r> Option<Vec<u8>>: Decode<'r, DB> + Type<DB>,
     usize: ColumnIndex<DB::Row>,
 {
-    type Context = Transaction<'static, DB>;
+    /// The connection of the transaction that holds the processed mark: everything the work
+    /// executes on it commits with the mark or not at all.
+    type Context = DB::Connection;
 
     fn name(&self) -> &str {
         &self.name

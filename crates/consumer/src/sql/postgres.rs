@@ -11,7 +11,7 @@
 //!     .process_once("evt_1", |tx| {
 //!         Box::pin(async move {
 //!             sqlx::query("INSERT INTO ledger (event_id, cents) VALUES ('evt_1', 4000)")
-//!                 .execute(&mut **tx)
+//!                 .execute(&mut *tx)
 //!                 .await
 //!         })
 //!     })
@@ -116,7 +116,7 @@ DELETE FROM processed_events
 WHERE (consumer, event_id) IN (
     SELECT consumer, event_id FROM processed_events
     WHERE consumer = $1 AND status <> 'parked'
-      AND processed_at < now() - $2 * interval '1 millisecond'
+      AND processed_at <= now() - $2 * interval '1 millisecond'
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )

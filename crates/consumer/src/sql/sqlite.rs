@@ -11,7 +11,7 @@
 //!     .process_once("evt_1", |tx| {
 //!         Box::pin(async move {
 //!             sqlx::query("INSERT INTO ledger (event_id, cents) VALUES ('evt_1', 4000)")
-//!                 .execute(&mut **tx)
+//!                 .execute(&mut *tx)
 //!                 .await
 //!         })
 //!     })
@@ -132,7 +132,7 @@ DELETE FROM processed_events
 WHERE rowid IN (
     SELECT rowid FROM processed_events
     WHERE consumer = $1 AND status <> 'parked'
-      AND processed_at < "#,
+      AND processed_at <= "#,
         now_ms!(),
         r#" - $2
     LIMIT $3

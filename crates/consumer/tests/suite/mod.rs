@@ -32,7 +32,7 @@ macro_rules! consumer_tests {
 
         use common::{$connect, $fresh, run_child_and_kill_it, signal_ready_and_hang};
         use futures_util::future::BoxFuture;
-        use sqlx::{$database, $pool, Transaction};
+        use sqlx::{$database, $pool};
         use tokio::sync::{oneshot, Barrier};
         use tower_idempotency_consumer::{$backend, Consumer, Error, Outcome};
 
@@ -45,7 +45,7 @@ macro_rules! consumer_tests {
 
         type Work = Box<
             dyn for<'c> FnOnce(
-                    &'c mut Transaction<'static, $database>,
+                    &'c mut <$database as sqlx::Database>::Connection,
                 ) -> BoxFuture<'c, Result<i32, sqlx::Error>>
                 + Send,
         >;
@@ -57,7 +57,7 @@ macro_rules! consumer_tests {
                     sqlx::query("INSERT INTO effects (event_id, delivery) VALUES ($1, $2)")
                         .bind(event_id)
                         .bind(delivery)
-                        .execute(&mut **tx)
+                        .execute(&mut *tx)
                         .await?;
                     Ok(delivery)
                 })
