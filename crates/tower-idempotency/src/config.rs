@@ -16,6 +16,10 @@ use crate::{
 pub const DEFAULT_HEADER_NAME: HeaderName = HeaderName::from_static("idempotency-key");
 /// The largest request body buffered by default: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+/// The largest response body saved by default: 1 MiB. A larger answer is streamed to its client
+/// and saved without its body (see
+/// [`with_saved_body_limit`](crate::Idempotency::with_saved_body_limit)).
+pub const DEFAULT_SAVED_BODY_LIMIT: usize = 1024 * 1024;
 /// How long a record is kept by default, counted from its claim: 24 hours.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// How long a claim stays valid without a heartbeat by default: 30 seconds.
@@ -41,6 +45,7 @@ pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Duration,
+    pub(crate) saved_body_limit: usize,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) scope: Arc<dyn ScopeFn>,
@@ -70,6 +75,7 @@ impl Default for Config {
             methods: DEFAULT_METHODS.to_vec(),
             body_limit: DEFAULT_BODY_LIMIT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            saved_body_limit: DEFAULT_SAVED_BODY_LIMIT,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             scope: Arc::new(AuthorizationScope),

@@ -44,6 +44,7 @@ use crate::{
 /// | methods | POST, PATCH | [`with_methods`](Self::with_methods) |
 /// | body limit | 1 MiB (413 over it) | [`with_body_limit`](Self::with_body_limit) |
 /// | body read time | 30 s (408 over it) | [`with_body_timeout`](Self::with_body_timeout) |
+/// | saved response body | 1 MiB (larger: streamed, saved without its body) | [`with_saved_body_limit`](Self::with_saved_body_limit) |
 /// | retention | 24 h | [`with_ttl`](Self::with_ttl) |
 /// | lease | 30 s, renewed every 10 s | [`with_lease`](Self::with_lease) |
 /// | scope | hash of `Authorization` | [`with_scope`](Self::with_scope) |
@@ -146,6 +147,27 @@ impl<St: Store, M> Idempotency<St, M> {
     /// ```
     pub fn with_body_limit(self, limit: usize) -> Self {
         self.map_config(|c| c.body_limit = limit)
+    }
+
+    /// Save response bodies up to `limit` bytes (default
+    /// [`DEFAULT_SAVED_BODY_LIMIT`](crate::DEFAULT_SAVED_BODY_LIMIT), 1 MiB); the layer never
+    /// holds more of a response than that and one frame.
+    ///
+    /// An answer whose body is larger (a big download, a stream of server-sent events) is
+    /// streamed to its client as the handler produces it, and saved without its body: a retry
+    /// with the same key gets the first answer's status and headers (its `Location`, say),
+    /// minus the headers that describe the body (`Content-Length`, `Content-Type`,
+    /// `Content-Encoding`, `Content-Range`, `ETag`, `Last-Modified`, `Accept-Ranges`), an empty
+    /// body, `Idempotent-Body-Not-Kept: true` and the replay header. The request is not run
+    /// again. A body that announces its size (`Content-Length`) over the limit is not read
+    /// before it is streamed. The save policy sees such an answer without trailers.
+    ///
+    /// ```
+    /// let layer = tower_idempotency::Idempotency::memory().with_saved_body_limit(256 * 1024);
+    /// # let _ = layer;
+    /// ```
+    pub fn with_saved_body_limit(self, limit: usize) -> Self {
+        self.map_config(|c| c.saved_body_limit = limit)
     }
 
     /// Give up reading a request body after `timeout` (default 30 s) and answer 408 Request
@@ -459,6 +481,7 @@ impl<St: fmt::Debug, M> fmt::Debug for Idempotency<St, M> {
             .field("methods", &c.methods)
             .field("body_limit", &c.body_limit)
             .field("body_timeout", &c.body_timeout)
+            .field("saved_body_limit", &c.saved_body_limit)
             .field("ttl", &c.ttl)
             .field("lease", &c.lease)
             .field("wait", &c.wait)

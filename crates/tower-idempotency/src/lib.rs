@@ -85,7 +85,7 @@ pub mod transaction;
 pub use body::{RequestBody, ResponseBody};
 pub use config::{
     DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS,
-    DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
+    DEFAULT_SAVED_BODY_LIMIT, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
 };
 pub use error::{Rejection, RejectionResponse};
 pub use fingerprint::Fingerprint;
@@ -96,7 +96,7 @@ pub use not_processed::NotProcessed;
 #[cfg(feature = "metrics")]
 pub use observe::describe_metrics;
 pub use observe::UNKNOWN_ROUTE;
-pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
+pub use record::{DefaultSavePolicy, SavePolicy, BODY_NOT_KEPT_HEADER, REPLAYED_HEADER};
 pub use retry_after::RetryAfter;
 pub use service::{IdempotencyService, ResponseFuture};
 #[cfg(feature = "postgres")]

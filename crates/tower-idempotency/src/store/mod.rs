@@ -318,6 +318,54 @@ impl Fenced {
     }
 }
 
+/// Where a record is in its life, as [`Store::get`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// An attempt holds the key (or held it, when the lease has lapsed).
+    Running,
+    /// The answer is saved and replayed to retries.
+    Done,
+}
+
+/// One record as an operator sees it: what [`Store::get`] returns. Times are left by the
+/// store's clock, so they do not depend on the caller's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordInfo {
+    /// Running or done.
+    pub state: RecordState,
+    /// Running records: the lease time left (zero once lapsed: the next retry takes the key
+    /// over). `None` for done records.
+    pub lease_remaining: Option<Duration>,
+    /// The time left before the record expires and the key is free for any request.
+    pub expires_in: Duration,
+    /// Done records: the saved answer.
+    pub response: Option<StoredResponse>,
+}
+
+impl RecordInfo {
+    /// A running record.
+    pub fn running(lease_remaining: Duration, expires_in: Duration) -> Self {
+        Self {
+            state: RecordState::Running,
+            lease_remaining: Some(lease_remaining),
+            expires_in,
+            response: None,
+        }
+    }
+
+    /// A done record with its saved answer.
+    pub fn done(response: StoredResponse, expires_in: Duration) -> Self {
+        Self {
+            state: RecordState::Done,
+            lease_remaining: None,
+            expires_in,
+            response: Some(response),
+        }
+    }
+}
+
 /// A backend that keeps idempotency records.
 ///
 /// # Atomicity
@@ -403,6 +451,31 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
         let _ = key;
         tokio::time::sleep(timeout)
     }
+
+    /// Operators: the live record of `key`, `None` when there is none (or it expired). Reads
+    /// only. Every built-in store implements it; the default answers
+    /// [`StoreErrorKind::Unsupported`].
+    fn get(
+        &self,
+        key: &KeyHash,
+    ) -> impl Future<Output = Result<Option<RecordInfo>, StoreError>> + Send {
+        let _ = key;
+        async { Err(StoreError::unsupported("get")) }
+    }
+
+    /// Operators: delete the record of `key` whatever its state, so the next request with the
+    /// key runs as new (a stuck key, an erasure request). `true` when there was one.
+    ///
+    /// # Warning
+    ///
+    /// Forgetting a done record lets a retry of its request run again; forgetting a running one
+    /// lets a duplicate run beside its holder, whose answer is then not saved (it is fenced
+    /// out). Forget only what you know is safe to redo. The default answers
+    /// [`StoreErrorKind::Unsupported`].
+    fn forget(&self, key: &KeyHash) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = key;
+        async { Err(StoreError::unsupported("forget")) }
+    }
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
@@ -482,6 +555,9 @@ pub enum StoreErrorKind {
     Corrupt,
     /// Running the store's migrations failed.
     Migration,
+    /// The store does not implement this operation (a custom store without
+    /// [`Store::get`] or [`Store::forget`]).
+    Unsupported,
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -493,6 +569,7 @@ impl fmt::Display for StoreErrorKind {
             StoreErrorKind::Full => "full",
             StoreErrorKind::Corrupt => "record corrupt",
             StoreErrorKind::Migration => "migration failed",
+            StoreErrorKind::Unsupported => "operation not supported",
         })
     }
 }
@@ -507,6 +584,11 @@ impl StoreError {
             kind,
             source: Some(source.into()),
         }
+    }
+
+    /// The store does not implement `operation`.
+    pub fn unsupported(operation: &'static str) -> Self {
+        Self::new(StoreErrorKind::Unsupported, operation)
     }
 
     /// A record could not be decoded.

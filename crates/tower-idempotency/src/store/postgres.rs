@@ -79,8 +79,8 @@ pub use sqlx;
 
 use super::sql::{self, Waiters};
 use super::{
-    Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
-    TransactionalStore,
+    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreErrorKind,
+    StoredResponse, TransactionalStore,
 };
 use crate::key::KeyHash;
 
@@ -450,6 +450,22 @@ impl Store for PostgresStore {
         let watch = self.inner.watch(key, deadline);
         sql::wait_for_change(&self.inner.waiters, key, deadline, watch).await;
     }
+
+    async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
+        let row = sqlx::query(GET)
+            .bind(key.as_bytes().as_slice())
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        row.as_ref().map(record_info).transpose()
+    }
+
+    async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
+        let deleted = sqlx::query(FORGET)
+            .bind(key.as_bytes().as_slice())
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(deleted.rows_affected() > 0)
+    }
 }
 
 impl TransactionalStore for PostgresStore {
@@ -683,6 +699,42 @@ fn parse_key_hex(hex: &str) -> Option<KeyHash> {
         *byte = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
     }
     Some(KeyHash(key))
+}
+
+/// Operators' read of one live record ([`Store::get`]), its times left by the database's clock.
+const GET: &str = r#"
+SELECT state, status, headers, body,
+    GREATEST(0, EXTRACT(EPOCH FROM (lease_until - now())) * 1000)::bigint AS lease_ms,
+    GREATEST(0, EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::bigint AS expires_ms
+FROM idempotency_records
+WHERE key = $1 AND expires_at > now()
+"#;
+
+/// Operators' delete of one record, whatever its state ([`Store::forget`]).
+const FORGET: &str = "DELETE FROM idempotency_records WHERE key = $1";
+
+/// A row of [`GET`] as the record it describes.
+fn record_info(row: &sqlx::postgres::PgRow) -> Result<RecordInfo, StoreError> {
+    use sqlx::Row;
+    let millis = |column: &str| -> Result<Duration, StoreError> {
+        Ok(Duration::from_millis(
+            row.try_get::<i64, _>(column)?.max(0) as u64
+        ))
+    };
+    let expires_in = millis("expires_ms")?;
+    match row.try_get::<&str, _>("state")? {
+        "running" => Ok(RecordInfo::running(millis("lease_ms")?, expires_in)),
+        "done" => {
+            let status: i32 = row.try_get("status")?;
+            let status = u16::try_from(status)
+                .map_err(|_| StoreError::corrupt("a saved status is out of range"))?;
+            let headers: Vec<u8> = row.try_get("headers")?;
+            let body: Vec<u8> = row.try_get("body")?;
+            let response = StoredResponse::from_parts(status, &headers, body.into())?;
+            Ok(RecordInfo::done(response, expires_in))
+        }
+        _ => Err(StoreError::corrupt("a record has an unknown state")),
+    }
 }
 
 #[cfg(test)]
