@@ -11,7 +11,7 @@ use crate::stores::StoreKind;
 #[command(name = "tower-idempotency-bench")]
 pub struct Cli {
     /// Stores to run: `all`, or a comma-separated list of `memory`, `redis`, `postgres`,
-    /// `sqlite`.
+    /// `sqlite`, `mysql`.
     #[arg(long, env = "BENCH_STORE", default_value = "all", value_parser = parse_stores)]
     store: Stores,
     /// Seconds per scenario (and worker count), split over the rounds [default: 5; 1 with --quick].

@@ -11,7 +11,7 @@ use axum::{
     Json, Router,
 };
 use serde::Deserialize;
-use sqlx::{PgPool, Postgres, Sqlite, SqlitePool};
+use sqlx::{MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
 use tower_idempotency::IdempotencyTransaction;
 
 use crate::{stores::RECORD_TTL, BoxError};
@@ -146,6 +146,44 @@ insert_handlers!(
     sqlite_create,
     sqlite_create_tx
 );
+
+/// The MySQL handlers, as [`insert_handlers!`] writes the others: MySQL 8 has no `INSERT ..
+/// RETURNING`, so the id is the statement's insert id.
+const MYSQL_INSERT: &str = "INSERT INTO bench_orders (customer_id, total_cents) VALUES (?, ?)";
+
+/// The INSERT on the pool: the bare MySQL handler, and standard mode.
+pub async fn mysql_create(State(pool): State<MySqlPool>, body: Bytes) -> Response {
+    let order = match parse(&body) {
+        Ok(o) => o,
+        Err(status) => return status.into_response(),
+    };
+    let id = sqlx::query(MYSQL_INSERT)
+        .bind(&order.customer_id)
+        .bind(order.total_cents)
+        .execute(&pool)
+        .await
+        .map(|done| done.last_insert_id() as i64);
+    inserted(id, &order)
+}
+
+/// The INSERT in the idempotency transaction (transactional mode).
+pub async fn mysql_create_tx(tx: IdempotencyTransaction<MySql>, body: Bytes) -> Response {
+    let order = match parse(&body) {
+        Ok(o) => o,
+        Err(status) => return status.into_response(),
+    };
+    let mut tx = match tx.begin().await {
+        Ok(tx) => tx,
+        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    };
+    let id = sqlx::query(MYSQL_INSERT)
+        .bind(&order.customer_id)
+        .bind(order.total_cents)
+        .execute(&mut *tx)
+        .await
+        .map(|done| done.last_insert_id() as i64);
+    inserted(id, &order)
+}
 
 /// Serve `app` on 127.0.0.1 (a free port, `TCP_NODELAY`); the base URL.
 pub async fn serve(app: Router) -> Result<String, BoxError> {

@@ -11,12 +11,16 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use axum::{routing::post, Router};
 use sqlx::{
+    mysql::{MySqlConnectOptions, MySqlPoolOptions},
     postgres::{PgConnectOptions, PgPoolOptions, PgSslMode},
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
-    Connection, Executor, PgPool, SqlitePool,
+    Connection, Executor, MySqlPool, PgPool, SqlitePool,
 };
 use tower_idempotency::{
-    store::{postgres::PostgresStore, redis::RedisStore, sqlite::SqliteStore, MemoryStore},
+    store::{
+        mysql::MySqlStore, postgres::PostgresStore, redis::RedisStore, sqlite::SqliteStore,
+        MemoryStore,
+    },
     Idempotency,
 };
 
@@ -43,15 +47,18 @@ pub enum StoreKind {
     Postgres,
     /// [`SqliteStore`] on a fresh file, guarding an INSERT handler, in two modes.
     Sqlite,
+    /// [`MySqlStore`] on `MYSQL_URL`, guarding an INSERT handler, in two modes.
+    MySql,
 }
 
 impl StoreKind {
     /// Every store, in the order `--store all` runs them.
-    pub const ALL: [StoreKind; 4] = [
+    pub const ALL: [StoreKind; 5] = [
         StoreKind::Memory,
         StoreKind::Redis,
         StoreKind::Postgres,
         StoreKind::Sqlite,
+        StoreKind::MySql,
     ];
 
     /// The name on the command line and in the tables.
@@ -61,6 +68,7 @@ impl StoreKind {
             StoreKind::Redis => "redis",
             StoreKind::Postgres => "postgres",
             StoreKind::Sqlite => "sqlite",
+            StoreKind::MySql => "mysql",
         }
     }
 
@@ -72,6 +80,7 @@ impl StoreKind {
             (StoreKind::Redis, route) => start_redis(route).await.map(Some),
             (StoreKind::Postgres, route) => start_postgres(setup, route).await.map(Some),
             (StoreKind::Sqlite, Route::Direct) => start_sqlite().await.map(Some),
+            (StoreKind::MySql, route) => start_mysql(setup, route).await.map(Some),
             (_, Route::Counted) => Ok(None),
         }
     }
@@ -185,6 +194,7 @@ enum Resources {
     None,
     Postgres(PgPool),
     Sqlite(SqlitePool, PathBuf),
+    MySql(MySqlPool),
 }
 
 impl Started {
@@ -195,6 +205,11 @@ impl Started {
             Resources::Postgres(pool) => {
                 pool.execute("TRUNCATE bench_orders, idempotency_records")
                     .await?;
+                pool.close().await;
+            }
+            Resources::MySql(pool) => {
+                pool.execute("TRUNCATE bench_orders").await?;
+                pool.execute("TRUNCATE idempotency_records").await?;
                 pool.close().await;
             }
             Resources::Sqlite(pool, path) => {
@@ -378,6 +393,42 @@ async fn start_sqlite() -> Result<Started, BoxError> {
     })
 }
 
+/// Transactional mode (the INSERT in the idempotency transaction) and standard mode (the INSERT
+/// on the pool, as in the bare handler), on [`BENCH_DATABASE`] of the `MYSQL_URL` server.
+async fn start_mysql(setup: &Setup, route: Route) -> Result<Started, BoxError> {
+    let (pool, wire) = bench_mysql_database(setup.workers, route).await?;
+    pool.execute("TRUNCATE bench_orders").await?;
+    pool.execute("TRUNCATE idempotency_records").await?;
+    let on_pool = || {
+        Router::new()
+            .route("/orders", post(handlers::mysql_create))
+            .with_state(pool.clone())
+    };
+    let stores: [MySqlStore; 2] = std::array::from_fn(|_| MySqlStore::new(pool.clone()));
+    let layer = |i: usize| Idempotency::new(stores[i].clone()).with_ttl(RECORD_TTL);
+    let bare = handlers::serve(on_pool()).await?;
+    let transactional = handlers::serve(
+        Router::new()
+            .route("/orders", post(handlers::mysql_create_tx))
+            .route_layer(layer(0).transactional()),
+    )
+    .await?;
+    let standard = handlers::serve(on_pool().route_layer(layer(1))).await?;
+    Ok(Started {
+        store: "mysql",
+        bare: vec![Bare {
+            name: "bare",
+            url: bare,
+        }],
+        layered: vec![
+            layered("mysql (transactional)", transactional),
+            layered("mysql (standard)", standard),
+        ],
+        wire,
+        resources: Resources::MySql(pool),
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // Databases
 // ---------------------------------------------------------------------------------------------
@@ -502,6 +553,56 @@ async fn bench_database(
             customer_id text      NOT NULL,
             total_cents bigint    NOT NULL
         )",
+    )
+    .await?;
+    Ok((pool, counter))
+}
+
+/// A pool on [`BENCH_DATABASE`] of the `MYSQL_URL` server (created if missing), migrated, with
+/// the `bench_orders` table; with [`Route::Counted`], through a counting proxy (round trips).
+async fn bench_mysql_database(
+    workers: usize,
+    route: Route,
+) -> Result<(MySqlPool, Option<wire::Counter>), BoxError> {
+    let url = std::env::var("MYSQL_URL").map_err(|_| {
+        "MYSQL_URL is not set: export MYSQL_URL=mysql://root@127.0.0.1:3306/test (or skip with --store)"
+    })?;
+    let opts: MySqlConnectOptions = url.parse()?;
+    let mut admin = sqlx::MySqlConnection::connect_with(&opts).await?;
+    admin
+        .execute(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE IF NOT EXISTS `{BENCH_DATABASE}`"
+        )))
+        .await?;
+    admin.close().await?;
+    let opts = opts.database(BENCH_DATABASE);
+    let (pool, counter) = match route {
+        Route::Direct => {
+            let max = (workers + 8).min(MAX_PG_CONNECTIONS) as u32;
+            let pool = MySqlPoolOptions::new()
+                .max_connections(max)
+                .min_connections(max.min(16))
+                .connect_with(opts)
+                .await?;
+            (pool, None)
+        }
+        Route::Counted => {
+            let upstream = upstream(opts.get_host(), opts.get_port()).await?;
+            let counter = wire::Counter::start(upstream).await?;
+            let pool = MySqlPoolOptions::new()
+                .max_connections(wire::connections(workers).min(MAX_PG_CONNECTIONS) as u32)
+                .connect_with(opts.host("127.0.0.1").port(counter.addr().port()))
+                .await?;
+            (pool, Some(counter))
+        }
+    };
+    MySqlStore::new(pool.clone()).migrate().await?;
+    pool.execute(
+        "CREATE TABLE IF NOT EXISTS bench_orders (
+            id          BIGINT       AUTO_INCREMENT PRIMARY KEY,
+            customer_id VARCHAR(255) NOT NULL,
+            total_cents BIGINT       NOT NULL
+        ) ENGINE = InnoDB",
     )
     .await?;
     Ok((pool, counter))

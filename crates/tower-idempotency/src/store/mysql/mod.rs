@@ -221,33 +221,43 @@ impl Store for MySqlStore {
     }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        for _ in 0..CLAIM_ATTEMPTS {
-            let live = sqlx::query(LIVE)
-                .bind(claim.fingerprint.as_bytes().to_vec())
-                .bind(claim.key.as_bytes().to_vec())
-                .bind(claim.fingerprint.as_bytes().to_vec());
-            let pool = self.inner.pool.clone();
-            if let Some(row) = detached(async move { live.fetch_optional(&pool).await }).await? {
-                return Codec::claim_outcome(&row);
-            }
-            let write = sqlx::query_with(CLAIM, Codec::claim(claim)?);
-            let pool = self.inner.pool.clone();
-            let done = detached(async move { write.execute(&pool).await }).await?;
-            match Code::from_insert_id(done.last_insert_id()) {
-                Code::Claimed => return Ok(ClaimOutcome::claimed()),
-                Code::TakenOver => return Ok(ClaimOutcome::taken_over()),
-                Code::Mismatch => return Ok(ClaimOutcome::Mismatch),
-                Code::InFlight(left) => return Ok(ClaimOutcome::in_flight(left)),
-                // Completed since the read: the next read answers with the saved response.
-                Code::Done => {
-                    tracing::trace!(target: "tower_idempotency", "claim found a record completed since its read; reading again")
+        let claim = claim.clone();
+        let pool = self.inner.pool.clone();
+        // Both statements on one connection: each pool checkout costs sqlx a ping.
+        detached(async move {
+            let mut conn = pool.acquire().await?;
+            for _ in 0..CLAIM_ATTEMPTS {
+                let live = sqlx::query(LIVE)
+                    .bind(claim.fingerprint.as_bytes().as_slice())
+                    .bind(claim.key.as_bytes().as_slice())
+                    .bind(claim.fingerprint.as_bytes().as_slice())
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                if let Some(row) = live {
+                    return Ok(Codec::claim_outcome(&row));
+                }
+                let arguments = match Codec::claim(&claim) {
+                    Ok(arguments) => arguments,
+                    Err(err) => return Ok(Err(err)),
+                };
+                let done = sqlx::query_with(CLAIM, arguments)
+                    .execute(&mut *conn)
+                    .await?;
+                match Code::from_insert_id(done.last_insert_id()) {
+                    Code::Claimed => return Ok(Ok(ClaimOutcome::claimed())),
+                    Code::TakenOver => return Ok(Ok(ClaimOutcome::taken_over())),
+                    Code::Mismatch => return Ok(Ok(ClaimOutcome::Mismatch)),
+                    Code::InFlight(left) => return Ok(Ok(ClaimOutcome::in_flight(left))),
+                    // Completed since the read: the next read answers with the saved response.
+                    Code::Done => tracing::trace!(target: "tower_idempotency", "claim found a record completed since its read; reading again"),
                 }
             }
-        }
-        Err(StoreError::new(
-            StoreErrorKind::Backend,
-            "the claim kept racing with concurrent completions",
-        ))
+            Ok(Err(StoreError::new(
+                StoreErrorKind::Backend,
+                "the claim kept racing with concurrent completions",
+            )))
+        })
+        .await?
     }
 
     async fn renew(
