@@ -22,13 +22,22 @@ async fn get_and_forget_one_key<S: Store>(store: S) {
     assert_eq!(store.claim(&claim).await.unwrap(), ClaimOutcome::claimed());
     let running = store.get(&key).await.unwrap().expect("the running record");
     assert_eq!(running.state, RecordState::Running);
-    let lease = running.lease_remaining.expect("a running record has a lease");
-    assert!(lease > LEASE - Duration::from_secs(5) && lease <= LEASE, "{lease:?}");
+    let lease = running
+        .lease_remaining
+        .expect("a running record has a lease");
+    assert!(
+        lease > LEASE - Duration::from_secs(5) && lease <= LEASE,
+        "{lease:?}"
+    );
     assert!(running.expires_in > TTL - Duration::from_secs(5) && running.expires_in <= TTL);
     assert_eq!(running.response, None);
 
     let saved = response();
-    assert!(store.complete(&key, claim.token, &saved).await.unwrap().applied());
+    assert!(store
+        .complete(&key, claim.token, &saved)
+        .await
+        .unwrap()
+        .applied());
     let done = store.get(&key).await.unwrap().expect("the done record");
     assert_eq!(done.state, RecordState::Done);
     assert_eq!(done.lease_remaining, None);
@@ -42,7 +51,11 @@ async fn get_and_forget_one_key<S: Store>(store: S) {
 
     // A running record forgotten: its holder is fenced out of saving.
     assert!(store.forget(&key).await.unwrap());
-    assert!(!store.complete(&key, again.token, &saved).await.unwrap().applied());
+    assert!(!store
+        .complete(&key, again.token, &saved)
+        .await
+        .unwrap()
+        .applied());
     assert_eq!(store.get(&key).await.unwrap(), None);
 }
 
