@@ -45,7 +45,9 @@
 //!
 //! With the `reqwest` feature, [`IdempotentRetryMiddleware`] applies the same policy to a
 //! [reqwest-middleware](https://docs.rs/reqwest-middleware) client. Both front ends run one
-//! retry core: the same attempts, waits, budget and counters.
+//! retry core, [backon](https://docs.rs/backon)'s retry loop with this crate's waits (full
+//! jitter over backon's exponential schedule, at least `Retry-After`, within the deadline and
+//! the budget): the same attempts, waits, budget and counters.
 //!
 //! # Pluggable
 //!

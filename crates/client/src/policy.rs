@@ -2,10 +2,11 @@
 //! backoff, and what is counted.
 //!
 //! The tower service and the reqwest middleware differ only in how they send one attempt and
-//! read its result ([`Attempt`]); [`drive`] is the one loop around it.
+//! read its result ([`Attempt`]); [`drive`] runs them in backon's retry loop.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
+use backon::{ExponentialBuilder, Retryable};
 use tokio::time::Instant;
 use tower::{
     retry::budget::Budget,
@@ -85,28 +86,74 @@ pub(crate) enum Ended<R, E> {
     },
 }
 
+/// A retryable attempt's result, on its way through backon's retry loop.
+struct Retrying<R, E> {
+    ended: Ended<R, E>,
+    at_least: Duration,
+    cause: &'static str,
+}
+
 /// Send attempts until one may not be retried; returns how it ended and the attempts sent.
-pub(crate) async fn drive<A: Attempt>(
-    mut intent: Intent,
-    attempt: &mut A,
-) -> (Ended<A::Response, A::Error>, u32) {
-    loop {
-        let timeout = intent.begin_attempt();
+///
+/// The loop is backon's: its exponential schedule (from the base delay, doubling, capped, at
+/// most `max_attempts - 1` retries) and its sleeps. [`Intent::next_wait`] adjusts each wait:
+/// full jitter, at least the server's `Retry-After`, within the deadline and the budget.
+pub(crate) async fn drive<A>(intent: Intent, attempt: A) -> (Ended<A::Response, A::Error>, u32)
+where
+    A: Attempt + Send,
+    A::Response: Send,
+    A::Error: Send,
+{
+    let config = intent.policy.config.clone();
+    let schedule = ExponentialBuilder::new()
+        .with_min_delay(config.base_delay)
+        .with_max_delay(config.max_delay)
+        .with_factor(2.0)
+        .with_max_times(config.max_attempts.saturating_sub(1) as usize);
+    // One attempt at a time: the locks are never contended, they only let backon's `FnMut`
+    // hand out futures that use the attempt and the intent.
+    let intent = std::sync::Mutex::new(intent);
+    let attempt = tokio::sync::Mutex::new(attempt);
+    let (intent_ref, attempt_ref, config) = (&intent, &attempt, &*config);
+    let send_one = move || async move {
+        let mut attempt = attempt_ref.lock().await;
+        let (timeout, keyed) = {
+            let mut intent = intent_ref.lock().expect("no attempt panics holding it");
+            (intent.begin_attempt(), intent.keyed)
+        };
         let (verdict, ended) = match tokio::time::timeout(timeout, attempt.send()).await {
             Ok(result) => (attempt.classify(&result), Ended::Result(result)),
-            Err(_) => (
-                intent.policy.config.classifier.timed_out(),
-                Ended::TimedOut { timeout },
-            ),
+            Err(_) => (config.classifier.timed_out(), Ended::TimedOut { timeout }),
         };
-        match intent.retry_after(verdict) {
-            Some(wait) => {
-                drop(ended);
-                tokio::time::sleep(wait).await;
-            }
-            None => return (ended, intent.attempts),
+        match verdict {
+            // Only a keyed intent may be retried, whatever the classifier says.
+            Verdict::Retry { at_least, cause } if keyed => Err(Retrying {
+                ended,
+                at_least,
+                cause,
+            }),
+            _ => Ok(ended),
         }
-    }
+    };
+    let finished = send_one
+        .retry(schedule)
+        .sleep(tokio::time::sleep)
+        .adjust(|retrying, scheduled| {
+            intent_ref
+                .lock()
+                .expect("no attempt panics holding it")
+                .next_wait(retrying.at_least, retrying.cause, scheduled)
+        })
+        .await;
+    let ended = match finished {
+        Ok(ended) => ended,
+        Err(retrying) => retrying.ended,
+    };
+    let attempts = intent
+        .into_inner()
+        .expect("no attempt panics holding it")
+        .attempts;
+    (ended, attempts)
 }
 
 /// One intent's attempts: the clock, the count and the decision to go on.
@@ -130,26 +177,22 @@ impl Intent {
         config.attempt_timeout.min(left)
     }
 
-    /// How long to wait before the next attempt, or `None` to stop and hand the result back.
-    fn retry_after(&mut self, verdict: Verdict) -> Option<Duration> {
-        let Verdict::Retry { at_least, cause } = verdict else {
-            return None;
-        };
-        if !self.keyed {
-            return None;
-        }
+    /// The wait before the next attempt of a retryable one, or `None` to stop and hand its
+    /// result back. `scheduled` is backon's next exponential delay (`None`: attempts used up);
+    /// the wait is a random share of it (full jitter), at least `at_least` (`Retry-After`).
+    fn next_wait(
+        &mut self,
+        at_least: Duration,
+        cause: &'static str,
+        scheduled: Option<Duration>,
+    ) -> Option<Duration> {
         let attempts = self.attempts;
-        let config = &self.policy.config;
-        if attempts >= config.max_attempts {
+        let Some(scheduled) = scheduled else {
             tracing::debug!(target: TARGET, attempts, cause, "no retry: attempts used up");
             return None;
-        }
-        let wait = at_least.max(full_jitter(
-            &mut self.rng,
-            config.base_delay,
-            config.max_delay,
-            attempts,
-        ));
+        };
+        let wait = at_least.max(full_jitter(&mut self.rng, scheduled));
+        let config = &self.policy.config;
         if self.started.elapsed() + wait >= config.deadline {
             tracing::debug!(target: TARGET, attempts, ?wait, cause, "no retry: the deadline would pass");
             return None;
@@ -165,12 +208,9 @@ impl Intent {
     }
 }
 
-/// A random wait in `[0, min(max, base * 2^(retry - 1))]` ("full jitter"), so clients that failed
-/// together do not retry together. The randomness is tower's (`tower::util::rng`), as its own
-/// backoff uses.
-fn full_jitter(rng: &mut impl Rng, base: Duration, max: Duration, retry: u32) -> Duration {
-    let exponent = retry.saturating_sub(1).min(31);
-    let ceiling = base.saturating_mul(1 << exponent).min(max);
+/// A random wait in `[0, ceiling]` ("full jitter"), so clients that failed together do not
+/// retry together. The randomness is tower's (`tower::util::rng`, as its own backoff uses).
+fn full_jitter(rng: &mut impl Rng, ceiling: Duration) -> Duration {
     ceiling.mul_f64(rng.next_f64().clamp(0.0, 1.0))
 }
 
@@ -206,52 +246,103 @@ mod observe {
 mod tests {
     use super::*;
 
-    fn transient() -> Verdict {
-        Verdict::retry(Duration::ZERO, "transport")
+    /// A retry of a transport error, with backon's next delay `scheduled`.
+    fn transient(intent: &mut Intent, scheduled: Option<Duration>) -> Option<Duration> {
+        intent.next_wait(Duration::ZERO, "transport", scheduled)
     }
 
     #[test]
-    fn full_jitter_stays_under_the_capped_exponential() {
-        let base = Duration::from_millis(100);
-        let max = Duration::from_secs(1);
+    fn full_jitter_spreads_over_the_whole_range() {
+        let ceiling = Duration::from_millis(800);
         let mut rng = HasherRng::default();
-        let mut seen_below_half = false;
-        for retry in 1..40 {
-            let ceiling = (base * 2u32.pow(retry.min(20) - 1)).min(max);
-            for _ in 0..50 {
-                let wait = full_jitter(&mut rng, base, max, retry);
-                assert!(wait <= ceiling);
-                seen_below_half |= wait < ceiling / 2;
+        let waits: Vec<_> = (0..200).map(|_| full_jitter(&mut rng, ceiling)).collect();
+        assert!(waits.iter().all(|wait| *wait <= ceiling));
+        assert!(waits.iter().any(|wait| *wait < ceiling / 4));
+        assert!(waits.iter().any(|wait| *wait > ceiling * 3 / 4));
+    }
+
+    #[tokio::test]
+    async fn a_retry_waits_at_least_retry_after_and_stops_when_attempts_are_used_up() {
+        let policy = Policy::new(RetryConfig::default()).unwrap();
+        let mut intent = policy.start(true);
+        intent.begin_attempt();
+        let wait = intent.next_wait(
+            Duration::from_secs(2),
+            "in_flight",
+            Some(Duration::from_millis(100)),
+        );
+        assert_eq!(wait, Some(Duration::from_secs(2)));
+        let wait = transient(&mut intent, Some(Duration::from_millis(100))).unwrap();
+        assert!(wait <= Duration::from_millis(100));
+        assert_eq!(
+            transient(&mut intent, None),
+            None,
+            "backon's schedule is used up"
+        );
+    }
+
+    /// The whole loop, through backon, with an attempt that fails until it is told otherwise.
+    struct Flaky {
+        failures_left: u32,
+        keyed: bool,
+    }
+
+    impl Attempt for Flaky {
+        type Response = u32;
+        type Error = &'static str;
+
+        fn send(&mut self) -> impl Future<Output = Result<u32, &'static str>> + Send + '_ {
+            let failed = self.failures_left > 0;
+            self.failures_left = self.failures_left.saturating_sub(1);
+            async move {
+                if failed {
+                    Err("connection reset")
+                } else {
+                    Ok(201)
+                }
             }
         }
-        assert!(seen_below_half, "full jitter spreads over the whole range");
-    }
 
-    #[tokio::test]
-    async fn an_unkeyed_intent_is_never_retried() {
-        let policy = Policy::new(RetryConfig::default()).unwrap();
-        let mut intent = policy.start(false);
-        intent.begin_attempt();
-        assert_eq!(intent.retry_after(transient()), None);
-        let mut keyed = policy.start(true);
-        keyed.begin_attempt();
-        assert!(keyed.retry_after(transient()).is_some());
-        assert_eq!(keyed.retry_after(Verdict::Final), None);
-    }
-
-    #[tokio::test]
-    async fn attempts_stop_at_the_maximum() {
-        let config = RetryConfig::default()
-            .with_max_attempts(3)
-            .with_backoff(Duration::ZERO, Duration::ZERO);
-        let mut intent = Policy::new(config).unwrap().start(true);
-        let mut attempts = 1;
-        intent.begin_attempt();
-        while intent.retry_after(transient()).is_some() {
-            intent.begin_attempt();
-            attempts += 1;
+        fn classify(&self, result: &Result<u32, &'static str>) -> Verdict {
+            match result {
+                Ok(_) => Verdict::Final,
+                Err(_) => Verdict::retry(Duration::ZERO, "transport"),
+            }
         }
+    }
+
+    #[tokio::test]
+    async fn drive_retries_until_an_answer_and_counts_the_attempts() {
+        let config = RetryConfig::default()
+            .with_max_attempts(5)
+            .with_backoff(Duration::ZERO, Duration::from_millis(1));
+        let policy = Policy::new(config).unwrap();
+        let flaky = Flaky {
+            failures_left: 2,
+            keyed: true,
+        };
+        let (ended, attempts) = drive(policy.start(flaky.keyed), flaky).await;
+        assert!(matches!(ended, Ended::Result(Ok(201))), "{ended:?}");
         assert_eq!(attempts, 3);
+
+        let always = Flaky {
+            failures_left: 10,
+            keyed: true,
+        };
+        let (ended, attempts) = drive(policy.start(always.keyed), always).await;
+        assert!(
+            matches!(ended, Ended::Result(Err("connection reset"))),
+            "{ended:?}"
+        );
+        assert_eq!(attempts, 5, "max attempts");
+
+        let unkeyed = Flaky {
+            failures_left: 1,
+            keyed: false,
+        };
+        let (ended, attempts) = drive(policy.start(unkeyed.keyed), unkeyed).await;
+        assert!(matches!(ended, Ended::Result(Err(_))), "{ended:?}");
+        assert_eq!(attempts, 1, "an unkeyed intent is sent once");
     }
 
     /// The counters, read through a recorder of the test's own.
@@ -307,11 +398,12 @@ mod tests {
                 let config = RetryConfig::default().with_backoff(Duration::ZERO, Duration::ZERO);
                 let mut intent = Policy::new(config).unwrap().start(true);
                 intent.begin_attempt();
+                let scheduled = Some(Duration::ZERO);
                 assert!(intent
-                    .retry_after(Verdict::retry(Duration::ZERO, "unavailable"))
+                    .next_wait(Duration::ZERO, "unavailable", scheduled)
                     .is_some());
                 intent.begin_attempt();
-                assert!(intent.retry_after(transient()).is_some());
+                assert!(transient(&mut intent, scheduled).is_some());
                 intent.begin_attempt();
                 // No budget at all: the retry is refused and counted as such.
                 let spent = Arc::new(tower::retry::budget::TpsBudget::new(
@@ -322,7 +414,7 @@ mod tests {
                 let config = RetryConfig::default().with_shared_budget(spent);
                 let mut refused = Policy::new(config).unwrap().start(true);
                 refused.begin_attempt();
-                assert_eq!(refused.retry_after(transient()), None);
+                assert_eq!(transient(&mut refused, Some(Duration::ZERO)), None);
             });
         });
         let read = |name: &str| {
@@ -348,7 +440,7 @@ mod tests {
         let config = RetryConfig::default().with_deadline(Duration::from_secs(5));
         let mut intent = Policy::new(config).unwrap().start(true);
         intent.begin_attempt();
-        let verdict = Verdict::retry(Duration::from_secs(60), "unavailable");
-        assert_eq!(intent.retry_after(verdict), None);
+        let wait = intent.next_wait(Duration::from_secs(60), "unavailable", Some(Duration::ZERO));
+        assert_eq!(wait, None);
     }
 }

@@ -103,13 +103,13 @@ impl Middleware for IdempotentRetryMiddleware {
         let key = ensure_key(&self.policy.config, &method, request.headers_mut());
         let replayable = request.try_clone().is_some();
         let intent = self.policy.start(key.is_some() && replayable);
-        let mut attempt = ReqwestAttempt {
+        let attempt = ReqwestAttempt {
             request: Some(request),
             extensions,
             next,
             policy: &self.policy,
         };
-        match drive(intent, &mut attempt).await {
+        match drive(intent, attempt).await {
             (Ended::Result(Ok(mut response)), count) => {
                 response.extensions_mut().insert(Attempts::new(count, key));
                 Ok(response)

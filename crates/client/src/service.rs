@@ -176,14 +176,15 @@ where
     S::Error: Into<BoxError>,
     S::Future: Send,
     B: Clone + Send,
+    ResBody: Send,
 {
-    let mut attempt = TowerAttempt {
+    let attempt = TowerAttempt {
         inner,
         request,
         ready: true,
         policy,
     };
-    match drive(intent, &mut attempt).await {
+    match drive(intent, attempt).await {
         (Ended::Result(Ok(mut response)), count) => {
             response.extensions_mut().insert(Attempts::new(count, key));
             Ok(response)

@@ -104,7 +104,7 @@ use crate::key::KeyHash;
 pub(super) mod error;
 mod queries;
 
-use queries::{CLAIM, COMPLETE, LIVE, RELEASE, RENEW, SWEEP};
+use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, LIVE, RELEASE, RENEW, SWEEP};
 
 /// The parameters and the claim row, as every SQL store binds and reads them.
 type Codec = sql::Codec<MySql>;
@@ -196,6 +196,30 @@ impl MySqlStore {
             .run(&self.inner.pool)
             .await
             .map_err(|err| StoreError::new(StoreErrorKind::Migration, err))
+    }
+
+    /// Check, without changing anything, that `idempotency_records` exists with every column
+    /// this version uses: for applications that apply `migrations/mysql/` with their own tool
+    /// and want a clear error at startup rather than at the first request.
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::mysql::MySqlStore) {
+    /// store.check_schema().await.expect("idempotency schema current");
+    /// # }
+    /// ```
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        sqlx::query(CHECK_SCHEMA)
+            .execute(&self.inner.pool)
+            .await
+            .map(drop)
+            .map_err(|err| {
+                StoreError::new(
+                    StoreErrorKind::Migration,
+                    format!(
+                        "the table idempotency_records is missing or not current ({err}); call MySqlStore::migrate() at startup, or apply migrations/mysql/ (0001_idempotency_records.sql) with your migration tool"
+                    ),
+                )
+            })
     }
 }
 

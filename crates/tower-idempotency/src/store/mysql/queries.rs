@@ -126,6 +126,10 @@ DELETE FROM idempotency_records
 WHERE `key` = ? AND token = ? AND state = 'running'
 ";
 
+/// Reads every column this version uses, and no row: fails when the table or a column is missing.
+pub(super) const CHECK_SCHEMA: &str = "SELECT `key`, fingerprint, token, state, status, headers, \
+     body, created_at, lease_until, expires_at FROM idempotency_records WHERE FALSE";
+
 /// Delete up to `?` expired records, oldest first, through the `expires_at` index.
 ///
 /// One bounded statement: under REPEATABLE READ it locks the index range it scans (expired
