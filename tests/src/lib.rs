@@ -17,6 +17,12 @@ pub fn postgres_url() -> String {
         .expect("DATABASE_URL is not set: run the tests with scripts/test.sh or export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test")
 }
 
+/// `MYSQL_URL`, the MySQL or MariaDB server the tests create their databases on.
+pub fn mysql_url() -> String {
+    std::env::var("MYSQL_URL")
+        .expect("MYSQL_URL is not set: run the tests with scripts/test.sh or export MYSQL_URL=mysql://root@127.0.0.1:3306/test")
+}
+
 /// `REDIS_URL`, the Redis server the tests use (each test under its own key prefix).
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL")
@@ -61,6 +67,56 @@ pub async fn fresh_postgres_pool(max_connections: u32) -> sqlx::PgPool {
         .connect_with(fresh_postgres_database().await)
         .await
         .expect("connect to the fresh test database")
+}
+
+/// The transaction isolation level of every connection of a MySQL test pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// `READ COMMITTED`: no gap locks, each statement reads the latest committed rows.
+    ReadCommitted,
+    /// `REPEATABLE READ`: InnoDB's default, with gap (next-key) locks.
+    RepeatableRead,
+}
+
+impl Isolation {
+    fn sql(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+            Isolation::RepeatableRead => "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        }
+    }
+}
+
+/// The connect options of a freshly created MySQL database of its own, on the server at
+/// `MYSQL_URL`.
+pub async fn fresh_mysql_database() -> sqlx::mysql::MySqlConnectOptions {
+    use sqlx::{Connection, Executor};
+    let url = mysql_url();
+    let db = unique_name("tidem");
+    let mut admin = sqlx::MySqlConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach MySQL at MYSQL_URL={url}: {e}"));
+    admin
+        .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{db}`")))
+        .await
+        .expect("create test database");
+    let opts: sqlx::mysql::MySqlConnectOptions = url.parse().expect("MYSQL_URL parses");
+    opts.database(&db)
+}
+
+/// A pool on a freshly created MySQL database of its own, every connection at `isolation`.
+pub async fn fresh_mysql_pool(max_connections: u32, isolation: Isolation) -> sqlx::MySqlPool {
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                sqlx::Executor::execute(conn, isolation.sql()).await?;
+                Ok(())
+            })
+        })
+        .connect_with(fresh_mysql_database().await)
+        .await
+        .expect("connect to the fresh MySQL test database")
 }
 
 /// A pool on a fresh SQLite file in the system temp dir (WAL mode, busy timeout set).

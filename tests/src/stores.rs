@@ -1,13 +1,16 @@
 //! Fresh stores of every backend, each on a database or key prefix of its own.
 
 use tower_idempotency::store::{
+    mysql::MySqlStore,
     postgres::PostgresStore,
     redis::{redis, RedisStore},
     sqlite::SqliteStore,
     MemoryStore,
 };
 
-use crate::{fresh_postgres_pool, fresh_sqlite_pool, redis_client, unique_name};
+use crate::{
+    fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, redis_client, unique_name, Isolation,
+};
 
 /// An empty in-process store.
 pub async fn memory_store() -> MemoryStore {
@@ -24,6 +27,20 @@ pub async fn postgres_store() -> PostgresStore {
 /// A migrated SQLite store on a fresh database file (a pool of 8 connections).
 pub async fn sqlite_store() -> SqliteStore {
     let store = SqliteStore::new(fresh_sqlite_pool(8).await);
+    store.migrate().await.expect("migrate the fresh database");
+    store
+}
+
+/// A migrated MySQL store on a database of its own at REPEATABLE READ, InnoDB's default (a pool
+/// of 8 connections).
+pub async fn mysql_store() -> MySqlStore {
+    mysql_store_at(Isolation::RepeatableRead).await
+}
+
+/// A migrated MySQL store on a database of its own, every connection at `isolation` (a pool of
+/// 8 connections).
+pub async fn mysql_store_at(isolation: Isolation) -> MySqlStore {
+    let store = MySqlStore::new(fresh_mysql_pool(8, isolation).await);
     store.migrate().await.expect("migrate the fresh database");
     store
 }

@@ -6,11 +6,11 @@
 //! (migrated) or a new Redis key prefix.
 //!
 //! Each backend runs the suite in the default mode; `modes` runs it again in transactional mode
-//! (PostgreSQL, SQLite) and single-commit mode (PostgreSQL): `behaviour_tests!(store, mode)`.
+//! (PostgreSQL, SQLite, MySQL) and single-commit mode (PostgreSQL): `behaviour_tests!(store, mode)`.
 //!
 //! The store-down and transactional tests are backend-specific and live in their own modules.
 //!
-//! Run with `DATABASE_URL` and `REDIS_URL` set (see `scripts/test.sh`).
+//! Run with `DATABASE_URL`, `MYSQL_URL` and `REDIS_URL` set (see `scripts/test.sh`).
 
 use std::time::Duration;
 
@@ -31,6 +31,11 @@ mod postgres {
 mod sqlite {
     use super::*;
     behaviour_tests!(stores::sqlite_store().await);
+}
+
+mod mysql {
+    use super::*;
+    behaviour_tests!(stores::mysql_store().await);
 }
 
 mod redis {
@@ -55,6 +60,11 @@ mod modes {
         behaviour_tests!(stores::sqlite_store().await, transactional);
     }
 
+    mod transactional_mysql {
+        use super::*;
+        behaviour_tests!(stores::mysql_store().await, transactional);
+    }
+
     mod single_commit_postgres {
         use super::*;
         behaviour_tests!(stores::postgres_store().await, single_commit);
@@ -66,6 +76,7 @@ mod modes {
 mod store_down {
     use super::*;
     use tower_idempotency::store::{
+        mysql::{sqlx::mysql::MySqlPoolOptions, MySqlStore},
         postgres::{sqlx::postgres::PgPoolOptions, PostgresStore},
         redis::{
             redis::{self, aio::ConnectionManagerConfig},
@@ -85,6 +96,15 @@ mod store_down {
             .connect_lazy("postgres://postgres@127.0.0.1:1/down")
             .expect("a valid url");
         PostgresStore::new(pool)
+    }
+
+    /// A MySQL pool on a closed port; nothing connects until used.
+    fn mysql_down() -> MySqlStore {
+        let pool = MySqlPoolOptions::new()
+            .acquire_timeout(Duration::from_secs(1))
+            .connect_lazy("mysql://root@127.0.0.1:1/down")
+            .expect("a valid url");
+        MySqlStore::new(pool)
     }
 
     /// A pool on a file in a directory that does not exist: every connection fails.
@@ -130,6 +150,7 @@ mod store_down {
     store_down_tests!(
         postgres => postgres_down(),
         sqlite => sqlite_down(),
+        mysql => mysql_down(),
         redis_gone => redis_down().await,
         redis_never_up => redis_never_up(),
     );
@@ -147,5 +168,10 @@ mod transactional {
     mod sqlite {
         use super::*;
         transactional_tests!(stores::sqlite_store().await);
+    }
+
+    mod mysql {
+        use super::*;
+        transactional_tests!(stores::mysql_store().await);
     }
 }

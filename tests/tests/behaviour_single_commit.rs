@@ -94,7 +94,7 @@ async fn write(
         };
         if let Err(err) = sqlx::query("INSERT INTO widgets (note) VALUES ($1)")
             .bind(key.as_str())
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await
         {
             return (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response();

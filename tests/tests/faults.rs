@@ -1,6 +1,6 @@
 //! Fault injection: the store is reached through a [`FaultProxy`] that the test turns off, cuts,
-//! slows down or cuts at the `COMMIT`, with a real axum app behind the layer and real PostgreSQL
-//! and Redis behind the proxy.
+//! slows down or cuts at the `COMMIT`, with a real axum app behind the layer and real PostgreSQL,
+//! MySQL (MariaDB) and Redis behind the proxy.
 //!
 //! | fault | expected |
 //! |---|---|
@@ -29,13 +29,15 @@ use axum::{
 };
 use fault_proxy::{CutPoint, FaultProxy};
 use serde_json::json;
-use sqlx::{postgres::PgPoolOptions, PgPool, Postgres};
+use sqlx::{mysql::MySqlPoolOptions, postgres::PgPoolOptions, MySql, MySqlPool, PgPool, Postgres};
 use tokio::task::JoinHandle;
 use tower_idempotency::{
-    store::{postgres::PostgresStore, redis::RedisStore, Store},
+    store::{mysql::MySqlStore, postgres::PostgresStore, redis::RedisStore, Store},
     Idempotency, IdempotencyKey, IdempotencyTransaction, Mode, REPLAYED_HEADER,
 };
-use tower_idempotency_tests::{fresh_postgres_pool, redis_url, unique_name};
+use tower_idempotency_tests::{
+    fresh_mysql_pool, fresh_postgres_pool, redis_url, unique_name, Isolation,
+};
 
 /// The lease of every test layer: short, so the tests that watch it lapse stay short.
 const LEASE: Duration = Duration::from_secs(3);
@@ -114,7 +116,7 @@ async fn work_in_transaction(
     };
     let inserted = sqlx::query("INSERT INTO work (idem_key) VALUES ($1)")
         .bind(key.as_str())
-        .execute(&mut **tx)
+        .execute(&mut *tx)
         .await;
     match inserted {
         Ok(_) => created(n),
@@ -132,6 +134,43 @@ async fn work_then_slow(
 ) -> Response {
     let (app, name) = (state.0.clone(), key.as_str().to_owned());
     let response = work_in_transaction(state, key, tx, body).await;
+    if app.executions_of(&name) == 1 {
+        app.proxy.set_latency(LATENCY);
+    }
+    response
+}
+
+/// `POST /my-work` (transactional mode, MySQL): [`work_in_transaction`] in MySQL's dialect.
+async fn my_work_in_transaction(
+    State(state): State<AppRef>,
+    key: IdempotencyKey,
+    tx: IdempotencyTransaction<MySql>,
+    _: Bytes,
+) -> Response {
+    let n = state.execute(&key);
+    let mut tx = match tx.begin().await {
+        Ok(tx) => tx,
+        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    };
+    let inserted = sqlx::query("INSERT INTO work (idem_key) VALUES (?)")
+        .bind(key.as_str())
+        .execute(&mut *tx)
+        .await;
+    match inserted {
+        Ok(_) => created(n),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+/// `POST /my-work-then-slow` (transactional mode, MySQL): [`work_then_slow`] in MySQL's dialect.
+async fn my_work_then_slow(
+    state: State<AppRef>,
+    key: IdempotencyKey,
+    tx: IdempotencyTransaction<MySql>,
+    body: Bytes,
+) -> Response {
+    let (app, name) = (state.0.clone(), key.as_str().to_owned());
+    let response = my_work_in_transaction(state, key, tx, body).await;
     if app.executions_of(&name) == 1 {
         app.proxy.set_latency(LATENCY);
     }
@@ -166,6 +205,8 @@ async fn serve<St: Store, M: Mode<St>>(
         .route("/down-after-work", post(down_after_work))
         .route("/work", post(work_in_transaction))
         .route("/work-then-slow", post(work_then_slow))
+        .route("/my-work", post(my_work_in_transaction))
+        .route("/my-work-then-slow", post(my_work_then_slow))
         .layer(layer)
         .with_state(state.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -304,6 +345,90 @@ impl Database {
 
     async fn work_rows(&self, key: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM work WHERE idem_key = $1")
+            .bind(key)
+            .fetch_one(&self.direct)
+            .await
+            .unwrap()
+    }
+
+    async fn saved_records(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE state = 'done'")
+            .fetch_one(&self.direct)
+            .await
+            .unwrap()
+    }
+
+    /// Wait until every connection of the proxied pool is back in it, idle.
+    async fn wait_pool_whole(&self, max_connections: u32) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let (size, idle) = (self.proxied.size(), self.proxied.num_idle() as u32);
+            assert!(
+                size <= max_connections,
+                "the pool grew past its bound: {size}"
+            );
+            if size == idle {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "connections never came back: {size} open, {idle} idle"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A migrated MySQL database of its own: `direct` for the test's checks, `proxied` (through
+/// `proxy`) for the layer and the handlers.
+struct MySqlDatabase {
+    direct: MySqlPool,
+    proxied: MySqlPool,
+    proxy: Arc<FaultProxy>,
+}
+
+async fn mysql(max_connections: u32) -> MySqlDatabase {
+    let direct = fresh_mysql_pool(4, Isolation::RepeatableRead).await;
+    MySqlStore::new(direct.clone())
+        .migrate()
+        .await
+        .expect("migrate");
+    sqlx::query(
+        "CREATE TABLE work (id BIGINT AUTO_INCREMENT PRIMARY KEY, idem_key VARCHAR(255) NOT NULL)",
+    )
+    .execute(&direct)
+    .await
+    .unwrap();
+    let options = direct.connect_options();
+    let target = format!("{}:{}", options.get_host(), options.get_port());
+    let target = tokio::net::lookup_host(target)
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = Arc::new(FaultProxy::start(target).await.unwrap());
+    let proxied_options = (*options)
+        .clone()
+        .host("127.0.0.1")
+        .port(proxy.addr().port());
+    let proxied = MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_lazy_with(proxied_options);
+    MySqlDatabase {
+        direct,
+        proxied,
+        proxy,
+    }
+}
+
+impl MySqlDatabase {
+    fn layer(&self) -> Idempotency<MySqlStore> {
+        Idempotency::mysql(self.proxied.clone()).with_lease(LEASE)
+    }
+
+    async fn work_rows(&self, key: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM work WHERE idem_key = ?")
             .bind(key)
             .fetch_one(&self.direct)
             .await
@@ -617,6 +742,139 @@ async fn postgres_latency_at_the_commit_is_503_quickly_and_the_work_rolls_back()
     let tries = (LEASE.as_millis() / 200 + 20) as usize;
     let retry = server
         .retry_until("/work-then-slow", "slow-commit", StatusCode::CREATED, tries)
+        .await;
+    assert!(!retry.replayed);
+    assert_eq!(db.work_rows("slow-commit").await, 1);
+    assert_eq!(db.saved_records().await, 1);
+    db.wait_pool_whole(max_connections).await;
+}
+
+// ------------------------------------------------------------------------------------------------
+// MySQL (MariaDB)
+// ------------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_store_down_before_the_claim_is_503_and_recovers() {
+    let db = mysql(4).await;
+    let server = serve(db.layer(), db.proxy.clone()).await;
+    store_down_before_the_claim(&server, &db.proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_cut_between_the_work_and_the_save_is_saved_on_a_new_connection() {
+    let db = mysql(4).await;
+    let server = serve(db.layer(), db.proxy.clone()).await;
+    cut_between_the_work_and_the_save(&server, &db.proxy).await;
+    assert_eq!(db.saved_records().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_store_down_between_the_work_and_the_save_runs_nothing_twice_inside_the_lease() {
+    let db = mysql(4).await;
+    let server = serve(db.layer(), db.proxy.clone()).await;
+    store_down_between_the_work_and_the_save(&server, &db.proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_cut_before_the_commit_rolls_back_and_the_retry_runs_once() {
+    let db = mysql(4).await;
+    let server = serve(db.layer().transactional(), db.proxy.clone()).await;
+    db.proxy.cut_at("COMMIT", CutPoint::BeforeSending);
+    let first = server.post("/my-work", "commit-lost").await;
+    assert_eq!(
+        db.proxy.triggers_fired(),
+        1,
+        "no COMMIT went through the proxy"
+    );
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert_eq!(
+        db.work_rows("commit-lost").await,
+        0,
+        "neither: the work rolled back"
+    );
+    assert_eq!(db.saved_records().await, 0);
+
+    let retry = server
+        .retry_until("/my-work", "commit-lost", StatusCode::CREATED, 30)
+        .await;
+    assert!(!retry.replayed);
+    assert!(server.post("/my-work", "commit-lost").await.replayed);
+    assert_eq!(db.work_rows("commit-lost").await, 1);
+    assert_eq!(db.saved_records().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_cut_after_the_commit_keeps_both_and_the_retry_replays() {
+    let db = mysql(4).await;
+    let server = serve(db.layer().transactional(), db.proxy.clone()).await;
+    db.proxy.cut_at("COMMIT", CutPoint::BeforeTheAnswer);
+    let first = server.post("/my-work", "answer-lost").await;
+    assert_eq!(
+        db.proxy.triggers_fired(),
+        1,
+        "no COMMIT went through the proxy"
+    );
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert_eq!(
+        db.work_rows("answer-lost").await,
+        1,
+        "both: the work committed"
+    );
+    assert_eq!(db.saved_records().await, 1, "both: with its answer");
+
+    let retry = server.post("/my-work", "answer-lost").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
+    assert!(retry.replayed, "the retry must replay the committed answer");
+    assert_eq!(db.work_rows("answer-lost").await, 1);
+    assert_eq!(server.state.executions_of("answer-lost"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_connection() {
+    let max_connections = 4;
+    let db = mysql(max_connections).await;
+    let layer = db.layer().with_store_timeout(STORE_TIMEOUT);
+    let server = serve(layer, db.proxy.clone()).await;
+    assert_eq!(
+        server.post("/orders", "warm").await.status,
+        StatusCode::CREATED
+    );
+    let keys = latency_beyond_the_store_timeout(&server, &db.proxy).await;
+    db.wait_pool_whole(max_connections).await;
+    after_the_latency_every_key_executes_once(&server, &keys).await;
+    db.wait_pool_whole(max_connections).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_latency_at_the_commit_is_503_quickly_and_the_work_rolls_back() {
+    let max_connections = 4;
+    let db = mysql(max_connections).await;
+    let layer = db.layer().with_store_timeout(STORE_TIMEOUT).transactional();
+    let server = serve(layer, db.proxy.clone()).await;
+    let first = server.post("/my-work-then-slow", "slow-commit").await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert!(
+        first.elapsed < LATENCY,
+        "the slow save must time out, not wait: {:?}",
+        first.elapsed
+    );
+    db.proxy.restore();
+    db.wait_pool_whole(max_connections).await;
+    assert_eq!(
+        db.work_rows("slow-commit").await,
+        0,
+        "neither: the work rolled back"
+    );
+    assert_eq!(db.saved_records().await, 0);
+
+    let tries = (LEASE.as_millis() / 200 + 20) as usize;
+    let retry = server
+        .retry_until(
+            "/my-work-then-slow",
+            "slow-commit",
+            StatusCode::CREATED,
+            tries,
+        )
         .await;
     assert!(!retry.replayed);
     assert_eq!(db.work_rows("slow-commit").await, 1);

@@ -111,7 +111,7 @@ macro_rules! transactional_mode {
                 let mut conn = tx.begin().await.unwrap();
                 sqlx::query("INSERT INTO rows_written (body) VALUES ($1)")
                     .bind(&body)
-                    .execute(&mut **conn)
+                    .execute(&mut *conn)
                     .await
                     .unwrap();
                 drop(conn);

@@ -1,10 +1,11 @@
-//! The reference orders API (`examples/orders`) over real sockets, on PostgreSQL and on SQLite.
+//! The reference orders API (`examples/orders`) over real sockets, on PostgreSQL, SQLite and
+//! MySQL (MariaDB).
 //!
 //! Every test runs the real router from `orders_api::app` on a fresh database, behind
 //! `axum::serve` on 127.0.0.1, and talks to it with reqwest. One suite, instantiated per database
 //! by [`orders_suite!`]. The crash test of the real binary lives in `examples/orders/tests/crash.rs`.
 //!
-//! Run with `DATABASE_URL` set (see `scripts/test.sh`).
+//! Run with `DATABASE_URL` and `MYSQL_URL` set (see `scripts/test.sh`).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -118,6 +119,7 @@ async fn count_orders(db: &Db) -> i64 {
     match db {
         Db::Postgres(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
         Db::Sqlite(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
+        Db::MySql(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
     }
     .expect("count orders")
 }
@@ -138,6 +140,13 @@ async fn second_pool(db: &Db) -> Db {
                 .connect_with((*pool.connect_options()).clone())
                 .await
                 .expect("second SQLite pool"),
+        ),
+        Db::MySql(pool) => Db::MySql(
+            sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(16)
+                .connect_with((*pool.connect_options()).clone())
+                .await
+                .expect("second MySQL pool"),
         ),
     }
 }
@@ -463,9 +472,9 @@ fn layer_view_of(key: &str) -> (tower_idempotency::KeyHash, tower_idempotency::F
 }
 
 /// One suite per database: `$fresh` makes a fresh pool, `$variant` wraps it in [`Db`], `$store`
-/// is the idempotency store on it.
+/// is the idempotency store on it, `$insert` the stale holder's order insert in its dialect.
 macro_rules! orders_suite {
-    ($module:ident, $fresh:path, $variant:ident, $store:ty) => {
+    ($module:ident, $fresh:path, $variant:ident, $store:ty, $insert:literal) => {
         mod $module {
             use super::*;
             use tower_idempotency::store::{ClaimOutcome, Fenced, Store, TransactionalStore};
@@ -479,7 +488,10 @@ macro_rules! orders_suite {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn concurrent_posts_with_one_key_create_one_order() {
-                bounded(super::concurrent_posts_with_one_key_create_one_order(fresh().await)).await
+                bounded(super::concurrent_posts_with_one_key_create_one_order(
+                    fresh().await,
+                ))
+                .await
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -531,19 +543,22 @@ macro_rules! orders_suite {
                     let early = answer(post(&client, &base, &key, BODY)).await;
                     assert_eq!(early.status, StatusCode::CONFLICT, "{}", early.body);
                     let taken_over = post_until_settled(&client, &base, &key).await;
-                    assert_eq!(taken_over.status, StatusCode::CREATED, "{}", taken_over.body);
+                    assert_eq!(
+                        taken_over.status,
+                        StatusCode::CREATED,
+                        "{}",
+                        taken_over.body
+                    );
                     assert!(!taken_over.replayed);
                     assert_eq!(count_orders(&db).await, 1);
 
                     // 3. The stale holder now does its work in its own transaction...
                     let mut tx = pool.begin().await.expect("begin");
-                    sqlx::query(
-                        "INSERT INTO orders (order_id, customer_id, total_cents) VALUES ($1, 'c_1', 4000)",
-                    )
-                    .bind(uuid::Uuid::new_v4().to_string())
-                    .execute(&mut *tx)
-                    .await
-                    .expect("stale insert");
+                    sqlx::query($insert)
+                        .bind(uuid::Uuid::new_v4().to_string())
+                        .execute(&mut *tx)
+                        .await
+                        .expect("stale insert");
                     // ...and cannot record its answer: the token was replaced.
                     let response = stored_response(
                         http::StatusCode::CREATED,
@@ -560,14 +575,23 @@ macro_rules! orders_suite {
 
                     // Every other write of the stale holder is fenced out too.
                     assert_eq!(
-                        store.renew(&hash, stale, Duration::from_secs(30)).await.expect("renew"),
+                        store
+                            .renew(&hash, stale, Duration::from_secs(30))
+                            .await
+                            .expect("renew"),
                         Fenced::Lost
                     );
                     assert_eq!(
-                        store.complete(&hash, stale, &response).await.expect("complete"),
+                        store
+                            .complete(&hash, stale, &response)
+                            .await
+                            .expect("complete"),
                         Fenced::Lost
                     );
-                    assert_eq!(store.release(&hash, stale).await.expect("release"), Fenced::Lost);
+                    assert_eq!(
+                        store.release(&hash, stale).await.expect("release"),
+                        Fenced::Lost
+                    );
 
                     // The key still replays the retry's answer.
                     let replay = post_until_settled(&client, &base, &key).await;
@@ -586,11 +610,30 @@ orders_suite!(
     postgres,
     tower_idempotency_tests::fresh_postgres_pool,
     Postgres,
-    tower_idempotency::store::postgres::PostgresStore
+    tower_idempotency::store::postgres::PostgresStore,
+    "INSERT INTO orders (order_id, customer_id, total_cents) VALUES ($1, 'c_1', 4000)"
 );
 orders_suite!(
     sqlite,
     tower_idempotency_tests::fresh_sqlite_pool,
     Sqlite,
-    tower_idempotency::store::sqlite::SqliteStore
+    tower_idempotency::store::sqlite::SqliteStore,
+    "INSERT INTO orders (order_id, customer_id, total_cents) VALUES ($1, 'c_1', 4000)"
+);
+
+/// A MySQL pool at InnoDB's default isolation level (REPEATABLE READ).
+async fn fresh_mysql_pool(max_connections: u32) -> sqlx::MySqlPool {
+    tower_idempotency_tests::fresh_mysql_pool(
+        max_connections,
+        tower_idempotency_tests::Isolation::RepeatableRead,
+    )
+    .await
+}
+
+orders_suite!(
+    mysql,
+    fresh_mysql_pool,
+    MySql,
+    tower_idempotency::store::mysql::MySqlStore,
+    "INSERT INTO orders (order_id, customer_id, total_cents) VALUES (?, 'c_1', 4000)"
 );

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use orders_api::{Config, Db, DbFault};
 use reqwest::StatusCode;
 use serde_json::Value;
-use tower_idempotency_tests::{fresh_postgres_pool, fresh_sqlite_pool};
+use tower_idempotency_tests::{
+    fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, Isolation,
+};
 
 const BODY: &str = r#"{"customerId": "c_1", "totalCents": 4000}"#;
 
@@ -37,6 +39,12 @@ async fn postgres() -> Db {
 
 async fn sqlite() -> Db {
     let db = Db::Sqlite(fresh_sqlite_pool(4).await);
+    db.migrate().await.expect("migrate");
+    db
+}
+
+async fn mysql() -> Db {
+    let db = Db::MySql(fresh_mysql_pool(8, Isolation::RepeatableRead).await);
     db.migrate().await.expect("migrate");
     db
 }
@@ -102,6 +110,7 @@ async fn count_orders(db: &Db) -> i64 {
     match db {
         Db::Postgres(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
         Db::Sqlite(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
+        Db::MySql(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
     }
     .expect("count orders")
 }
@@ -111,6 +120,7 @@ async fn count_records(db: &Db) -> i64 {
     match db {
         Db::Postgres(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
         Db::Sqlite(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
+        Db::MySql(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
     }
     .expect("count idempotency records")
 }
@@ -162,6 +172,11 @@ async fn sqlite_control_characters_are_refused_and_the_corrected_retry_succeeds(
     control_characters_are_refused_and_the_corrected_retry_succeeds(sqlite().await).await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_control_characters_are_refused_and_the_corrected_retry_succeeds() {
+    control_characters_are_refused_and_the_corrected_retry_succeeds(mysql().await).await;
+}
+
 /// The fingerprint covers what the handler reads: a retry without `Content-Type` that
 /// re-serialises the JSON replays; the same bytes as `text/plain` are not replayed the saved 201
 /// (422: the key belongs to the JSON request); a corrected `Content-Type` after a refusal runs.
@@ -199,6 +214,11 @@ async fn postgres_the_fingerprint_follows_what_the_handler_reads() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sqlite_the_fingerprint_follows_what_the_handler_reads() {
     the_fingerprint_follows_what_the_handler_reads(sqlite().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_the_fingerprint_follows_what_the_handler_reads() {
+    the_fingerprint_follows_what_the_handler_reads(mysql().await).await;
 }
 
 /// A duplicate of an order that takes about 1.5 s is told to come back in about that long, not
@@ -351,4 +371,29 @@ async fn orders_beyond_the_in_flight_cap_wait_their_turn() {
         "two 700 ms orders with one permit took {took:?}: they ran at once"
     );
     assert_eq!(count_orders(&db).await, 2);
+}
+
+/// MySQL's errors, from the real server, classified like the others: a value the schema refuses
+/// is the input's fault (400), a missing table the server's (500).
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_database_errors_say_whose_fault_they_are() {
+    let Db::MySql(my) = mysql().await else {
+        unreachable!()
+    };
+    for refused in [
+        // CHECK (total_cents > 0): MariaDB 4025, MySQL 3819
+        "INSERT INTO orders (order_id, customer_id, total_cents) VALUES ('o1', 'c', 0)",
+        // an incorrect integer (1366)
+        "INSERT INTO orders (order_id, customer_id, total_cents) VALUES ('o2', 'c', 'many')",
+        // too long for VARCHAR(64) (1406)
+        "INSERT INTO orders (order_id, customer_id, total_cents) VALUES (REPEAT('o', 65), 'c', 1)",
+    ] {
+        let err = sqlx::query(refused).execute(&my).await.unwrap_err();
+        assert_eq!(DbFault::of(&err), DbFault::Input, "{refused}: {err}");
+    }
+    let missing = sqlx::query("SELECT * FROM no_such_table")
+        .execute(&my)
+        .await
+        .unwrap_err();
+    assert_eq!(DbFault::of(&missing), DbFault::Server, "{missing}");
 }

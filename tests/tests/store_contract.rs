@@ -2,7 +2,7 @@
 //! list of tests, expanded once per store by `store_contract_tests!`, each on a fresh store (a
 //! new database, SQLite file or Redis key prefix).
 //!
-//! Run with `DATABASE_URL`, `REDIS_URL` and `REDIS_CLUSTER_URLS` set (see `scripts/test.sh`).
+//! Run with `DATABASE_URL`, `MYSQL_URL`, `REDIS_URL` and `REDIS_CLUSTER_URLS` set (see `scripts/test.sh`).
 
 use tower_idempotency_tests::{store_contract_tests, stores};
 
@@ -19,6 +19,18 @@ mod postgres {
 mod sqlite {
     use super::*;
     store_contract_tests!(stores::sqlite_store().await);
+}
+
+/// MySQL (MariaDB) at both isolation levels the claim is documented for.
+mod mysql_repeatable_read {
+    use super::*;
+    store_contract_tests!(stores::mysql_store().await);
+}
+
+mod mysql_read_committed {
+    use super::*;
+    use tower_idempotency_tests::Isolation;
+    store_contract_tests!(stores::mysql_store_at(Isolation::ReadCommitted).await);
 }
 
 mod redis {

@@ -9,15 +9,15 @@ use std::{
 };
 
 use tower_idempotency::store::{
-    postgres::PostgresStore, sqlite::SqliteStore, ClaimOutcome, Fenced, Store, StoreError,
-    TransactionalStore,
+    mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, ClaimOutcome, Fenced, Store,
+    StoreError, TransactionalStore,
 };
 use tower_idempotency_tests::{
     contract::{
         claim_of, claimed, is_in_flight, random_key, response, retry_of, retry_with_lease, until,
         DAY, LONG,
     },
-    fresh_postgres_pool, fresh_sqlite_pool,
+    fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, Isolation,
 };
 
 /// What the suite needs from a backend beyond the [`Store`] traits.
@@ -71,6 +71,29 @@ impl Backend for SqliteStore {
         .fetch_one(self.pool())
         .await
         .expect("query sqlite_master")
+    }
+}
+
+impl Backend for MySqlStore {
+    fn run_migrations(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.migrate()
+    }
+
+    async fn fresh(connections: u32) -> Self {
+        let store = MySqlStore::new(fresh_mysql_pool(connections, Isolation::RepeatableRead).await);
+        store.run_migrations().await.expect("migrate");
+        store
+    }
+
+    async fn table_exists(&self, name: &str) -> bool {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = ?)",
+        )
+        .bind(name)
+        .fetch_one(self.pool())
+        .await
+        .expect("query information_schema.tables")
     }
 }
 
@@ -252,7 +275,7 @@ macro_rules! suite {
     };
 }
 
-suite!(postgres: PostgresStore, sqlite: SqliteStore);
+suite!(postgres: PostgresStore, sqlite: SqliteStore, mysql: MySqlStore);
 
 // ---------------------------------------------------------------------------------------------
 // PostgreSQL only

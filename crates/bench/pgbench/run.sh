@@ -12,8 +12,13 @@
 #
 # Every script runs once per round with `pgbench -M prepared` (scripts named simple_*.sql with
 # `-M simple`: they send several statements in one query string), the order rotating each round,
-# so a change in the machine's load falls on every script alike. Prints tps (without the
-# initial connection time) per round, then the mean and its ratio to the first script's.
+# so a change in the machine's load falls on every script alike. Scripts named batch_*.sql run
+# once per batch size N of BATCH_SIZES (default "1 8 32 128"), with `-D batch=N`; each of their
+# transactions serves N requests. Prints tps (without the initial connection time) per round,
+# then the mean, its ratio to the first script's, and for batch scripts the requests served per
+# second (tps x N: claim+save pairs per second).
+#
+#   crates/bench/pgbench/run.sh "$DATABASE_URL" 6 1 32 bare.sql first_standard.sql batch_claim_save.sql
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -29,6 +34,15 @@ else
   for f in *.sql; do [ "$f" = schema.sql ] || scripts+=("$f"); done
 fi
 
+# One run per script, and per batch size for batch scripts: "script" or "script N".
+runs=()
+for script in "${scripts[@]}"; do
+  case "$script" in
+    batch_*) for n in ${BATCH_SIZES:-1 8 32 128}; do runs+=("$script $n"); done ;;
+    *) runs+=("$script") ;;
+  esac
+done
+
 db=tower_idempotency_pgbench
 # The same URL with the database replaced (a query string, if any, is kept).
 base="${url%%\?*}"
@@ -40,31 +54,36 @@ PGOPTIONS="-c client_min_messages=warning" psql "$url" -qX -c "DROP DATABASE IF 
 PGOPTIONS="-c client_min_messages=warning" psql "$db_url" -qX -v ON_ERROR_STOP=1 -f schema.sql >/dev/null
 
 declare -A results
-n=${#scripts[@]}
+n=${#runs[@]}
 for ((round = 0; round < rounds; round++)); do
   for ((i = 0; i < n; i++)); do
-    script="${scripts[(i + round) % n]}"
-    mode=prepared
-    case "$script" in simple_*) mode=simple ;; esac
-    tps=$(pgbench -n -M "$mode" -c "$clients" -j 2 -T "$seconds" -f "$script" "$db_url" 2>&1 |
+    run="${runs[(i + round) % n]}"
+    read -r script batch <<<"$run"
+    args=(-n -M prepared)
+    case "$script" in simple_*) args=(-n -M simple) ;; esac
+    [ -z "$batch" ] || args+=(-D "batch=$batch")
+    tps=$(pgbench "${args[@]}" -c "$clients" -j 2 -T "$seconds" -f "$script" "$db_url" 2>&1 |
       sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p' || true)
     if [ -z "$tps" ]; then
-      echo "pgbench failed on $script:" >&2
-      pgbench -n -M "$mode" -c 1 -t 1 -f "$script" "$db_url" >&2 || true
+      echo "pgbench failed on $run:" >&2
+      pgbench "${args[@]}" -c 1 -t 1 -f "$script" "$db_url" >&2 || true
       exit 1
     fi
-    results[$script]="${results[$script]:-} $tps"
-    printf 'round %d  %-26s %8.0f tps\n' "$((round + 1))" "$script" "$tps" >&2
+    results[$run]="${results[$run]:-} $tps"
+    printf 'round %d  %-30s %8.0f tps\n' "$((round + 1))" "$run" "$tps" >&2
   done
 done
 
 printf '\n%d clients, -M prepared (simple_*: -M simple), %s s per run, %d alternating rounds\n\n' "$clients" "$seconds" "$rounds"
-printf '| script | tps per round | mean | vs %s |\n|---|---|---:|---:|\n' "${scripts[0]}"
+printf '| script | N | tps per round | mean tps | vs %s | requests/s (tps x N) |\n|---|---:|---|---:|---:|---:|\n' "${runs[0]}"
 first_mean=""
-for script in "${scripts[@]}"; do
-  mean=$(echo "${results[$script]}" | awk '{ s = 0; for (i = 1; i <= NF; i++) s += $i; printf "%.0f", s / NF }')
+for run in "${runs[@]}"; do
+  read -r script batch <<<"$run"
+  mean=$(echo "${results[$run]}" | awk '{ s = 0; for (i = 1; i <= NF; i++) s += $i; printf "%.0f", s / NF }')
   [ -n "$first_mean" ] || first_mean=$mean
-  per_round=$(echo "${results[$script]}" | awk '{ for (i = 1; i <= NF; i++) printf "%s%.0f", (i > 1 ? ", " : ""), $i }')
+  per_round=$(echo "${results[$run]}" | awk '{ for (i = 1; i <= NF; i++) printf "%s%.0f", (i > 1 ? ", " : ""), $i }')
   ratio=$(awk -v a="$mean" -v b="$first_mean" 'BEGIN { printf "%.2fx", a / b }')
-  printf '| %s | %s | %s | %s |\n' "$script" "$per_round" "$mean" "$ratio"
+  served=""
+  [ -z "$batch" ] || served=$(awk -v a="$mean" -v b="$batch" 'BEGIN { printf "%.0f", a * b }')
+  printf '| %s | %s | %s | %s | %s | %s |\n' "$script" "${batch:-}" "$per_round" "$mean" "$ratio" "$served"
 done

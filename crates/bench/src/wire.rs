@@ -1,10 +1,12 @@
-//! A counting TCP proxy for PostgreSQL: it forwards every byte and counts the messages clients
-//! send, so the bench can report round trips and statements per request without
-//! `pg_stat_statements` (which needs `shared_preload_libraries`, so a server restart).
+//! Messages per request to a store's server, counted on the wire: the store connects through a
+//! [`FaultProxy`], which counts round trips (the client sends, the server answers) for any
+//! protocol; for PostgreSQL a [`Watch`] on each connection also counts the statements, so the
+//! bench reports both without `pg_stat_statements` (which needs `shared_preload_libraries`, so a
+//! server restart).
 //!
-//! In the extended query protocol every round trip ends with a `Sync` message (sqlx's pool ping
-//! is a bare `Sync`); a simple query is one `Query` message. Each statement run is one `Execute`
-//! (or one `Query`).
+//! PostgreSQL's frontend messages: the first ones have no type byte (SSL and GSS requests, then
+//! the startup message); every later one is a type byte and a length. Each statement run is one
+//! `Execute` (extended protocol) or one `Query` (simple protocol).
 
 use std::{
     net::SocketAddr,
@@ -14,124 +16,200 @@ use std::{
     },
 };
 
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{tcp::OwnedReadHalf, tcp::OwnedWriteHalf, TcpListener, TcpStream},
+use fault_proxy::{FaultProxy, Watch};
+
+use crate::{
+    load::{create_keys, send_each},
+    stores::Started,
+    BoxError,
 };
 
-/// Message counts, shared by every connection through one proxy.
-#[derive(Debug, Default)]
-pub struct Counts {
-    syncs: AtomicU64,
-    queries: AtomicU64,
-    executes: AtomicU64,
+/// A running counting proxy to a store's server.
+#[derive(Debug, Clone)]
+pub struct Counter {
+    proxy: Arc<FaultProxy>,
+    /// Statements, when the server speaks PostgreSQL's protocol.
+    statements: Option<Arc<AtomicU64>>,
 }
 
-/// A snapshot of [`Counts`].
+/// What a [`Counter`] counted up to some moment.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Snapshot {
-    pub syncs: u64,
-    pub queries: u64,
-    pub executes: u64,
+    round_trips: u64,
+    statements: Option<u64>,
 }
 
 impl Snapshot {
-    /// Round trips: every `Sync` and every simple `Query` waits for the server's answer.
-    pub fn round_trips(&self) -> u64 {
-        self.syncs + self.queries
-    }
-
-    /// Statements run: `Execute` messages and simple queries.
-    pub fn statements(&self) -> u64 {
-        self.executes + self.queries
-    }
-
-    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+    /// What was counted between `earlier` and `self`.
+    fn since(self, earlier: Snapshot) -> Snapshot {
         Snapshot {
-            syncs: self.syncs - earlier.syncs,
-            queries: self.queries - earlier.queries,
-            executes: self.executes - earlier.executes,
+            round_trips: self.round_trips - earlier.round_trips,
+            statements: self.statements.zip(earlier.statements).map(|(a, b)| a - b),
         }
     }
 }
 
-impl Counts {
-    pub fn snapshot(&self) -> Snapshot {
+impl Counter {
+    /// Start a proxy on 127.0.0.1 to `upstream`, counting round trips only.
+    pub async fn start(upstream: SocketAddr) -> std::io::Result<Counter> {
+        Ok(Counter {
+            proxy: Arc::new(FaultProxy::start(upstream).await?),
+            statements: None,
+        })
+    }
+
+    /// Start a proxy on 127.0.0.1 to the PostgreSQL server at `upstream`, counting round trips
+    /// and statements.
+    pub async fn start_postgres(upstream: SocketAddr) -> std::io::Result<Counter> {
+        let statements = Arc::new(AtomicU64::new(0));
+        let counted = statements.clone();
+        let proxy = FaultProxy::start_watching(upstream, move || PgMessages {
+            statements: counted.clone(),
+            started: false,
+            pending: Vec::new(),
+            skip: 0,
+        })
+        .await?;
+        Ok(Counter {
+            proxy: Arc::new(proxy),
+            statements: Some(statements),
+        })
+    }
+
+    /// Where clients connect instead of the server.
+    pub fn addr(&self) -> SocketAddr {
+        self.proxy.addr()
+    }
+
+    fn snapshot(&self) -> Snapshot {
         Snapshot {
-            syncs: self.syncs.load(Ordering::Relaxed),
-            queries: self.queries.load(Ordering::Relaxed),
-            executes: self.executes.load(Ordering::Relaxed),
+            round_trips: self.proxy.traffic().round_trips,
+            statements: self.statements.as_ref().map(|s| s.load(Ordering::SeqCst)),
         }
     }
 }
 
-/// Start a proxy on 127.0.0.1 (a free port) to `upstream`; its address and its counts.
-pub async fn start(upstream: SocketAddr) -> std::io::Result<(SocketAddr, Arc<Counts>)> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let counts = Arc::new(Counts::default());
-    let shared = counts.clone();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let counts = shared.clone();
-            tokio::spawn(async move {
-                let Ok(server) = TcpStream::connect(upstream).await else {
-                    return;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (client_read, client_write) = client.into_split();
-                let (mut server_read, mut server_write) = server.into_split();
-                let to_client = tokio::spawn(async move {
-                    let mut client_write: OwnedWriteHalf = client_write;
-                    let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
-                });
-                let _ = forward_counting(client_read, &mut server_write, &counts).await;
-                to_client.abort();
-            });
-        }
-    });
-    Ok((addr, counts))
+/// Counts the statements in what one client sends to PostgreSQL, across chunk boundaries.
+struct PgMessages {
+    statements: Arc<AtomicU64>,
+    /// Past the startup message: every message has a type byte.
+    started: bool,
+    /// The start of a message whose header is not complete yet.
+    pending: Vec<u8>,
+    /// Bytes of the current message's body still to pass over.
+    skip: usize,
 }
 
-/// Copy the client's messages to the server, counting `Sync`, `Query` and `Execute`.
-///
-/// The first messages have no type byte (SSL and GSS requests, then the startup message);
-/// every message after the startup message has one.
-async fn forward_counting(
-    mut from: OwnedReadHalf,
-    to: &mut OwnedWriteHalf,
-    counts: &Counts,
-) -> std::io::Result<()> {
-    const SSL_REQUEST: u32 = 80_877_103;
-    const GSS_REQUEST: u32 = 80_877_104;
-    let mut started = false;
-    let mut buf = Vec::with_capacity(8192);
-    loop {
-        let mut header = [0u8; 5];
-        let header_len = if started { 5 } else { 4 };
-        from.read_exact(&mut header[..header_len]).await?;
-        let (kind, len_bytes) = if started {
-            (header[0], &header[1..5])
-        } else {
-            (0, &header[0..4])
-        };
-        let len = u32::from_be_bytes(len_bytes.try_into().expect("four bytes")) as usize;
-        let rest = len.saturating_sub(4);
-        buf.resize(rest, 0);
-        from.read_exact(&mut buf).await?;
-        if started {
-            match kind {
-                b'S' => counts.syncs.fetch_add(1, Ordering::Relaxed),
-                b'Q' => counts.queries.fetch_add(1, Ordering::Relaxed),
-                b'E' => counts.executes.fetch_add(1, Ordering::Relaxed),
-                _ => 0,
+impl Watch for PgMessages {
+    fn sent(&mut self, mut chunk: &[u8]) {
+        const SSL_REQUEST: u32 = 80_877_103;
+        const GSS_REQUEST: u32 = 80_877_104;
+        loop {
+            let passed = self.skip.min(chunk.len());
+            self.skip -= passed;
+            chunk = &chunk[passed..];
+            if chunk.is_empty() {
+                return;
+            }
+            // A header: the type byte and the length; before the startup message, the length and
+            // the request code that tells an SSL or GSS request from the startup message.
+            let need = if self.started { 5 } else { 8 };
+            let take = (need - self.pending.len()).min(chunk.len());
+            self.pending.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+            if self.pending.len() < need {
+                return;
+            }
+            let header = std::mem::take(&mut self.pending);
+            let length = |at: usize| {
+                u32::from_be_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]])
+                    as usize
             };
-        } else if rest >= 4 {
-            let code = u32::from_be_bytes(buf[0..4].try_into().expect("four bytes"));
-            started = code != SSL_REQUEST && code != GSS_REQUEST;
+            if self.started {
+                if matches!(header[0], b'E' | b'Q') {
+                    self.statements.fetch_add(1, Ordering::SeqCst);
+                }
+                self.skip = length(1).saturating_sub(4);
+            } else {
+                let code = length(4) as u32;
+                self.started = code != SSL_REQUEST && code != GSS_REQUEST;
+                self.skip = length(0).saturating_sub(8);
+            }
         }
-        to.write_all(&header[..header_len]).await?;
-        to.write_all(&buf).await?;
     }
+}
+
+/// Requests counted per scenario at one worker (more workers send more: ten each).
+const REQUESTS: usize = 200;
+
+/// Round trips and statements per request of one scenario at one worker count.
+#[derive(Debug, Clone)]
+pub struct Counted {
+    /// Concurrent workers.
+    pub workers: usize,
+    /// `store (mode) scenario`.
+    pub scenario: String,
+    /// Round trips to the server per request.
+    pub round_trips: f64,
+    /// Statements per request, when the proxy understands the protocol.
+    pub statements: Option<f64>,
+}
+
+/// Pool connections of a counted run at `workers` (the warm-up opens and prepares every one).
+pub fn connections(workers: usize) -> usize {
+    workers.max(4)
+}
+
+/// Count the bare handlers' requests, and the first-time keys and replays of every mode, of a
+/// store started through the counting proxy, `workers` requests at a time.
+pub async fn count(
+    client: &reqwest::Client,
+    started: &Started,
+    workers: usize,
+) -> Result<Vec<Counted>, BoxError> {
+    let counter = started
+        .wire
+        .as_ref()
+        .ok_or("the store was not started through the counting proxy")?;
+    let mut scenarios = Vec::new();
+    for bare in &started.bare {
+        scenarios.push((format!("{} {}", started.store, bare.name), &bare.url, false));
+    }
+    for mode in &started.layered {
+        scenarios.push((format!("{} first-time keys", mode.label), &mode.url, false));
+        scenarios.push((format!("{} replays", mode.label), &mode.url, true));
+    }
+    let warm_workers = connections(workers);
+    let requests = REQUESTS.max(10 * workers);
+    let mut out = Vec::new();
+    for (scenario, url, replay) in scenarios {
+        // Warm up: every connection prepares its statements.
+        let warm = create_keys(client, url, 10 * warm_workers, warm_workers).await?;
+        let keys: Arc<Vec<String>> = Arc::new(if replay {
+            (0..requests)
+                .map(|i| warm[i % warm.len()].clone())
+                .collect()
+        } else {
+            let run = uuid::Uuid::new_v4().simple().to_string();
+            (0..requests).map(|i| format!("{run}-c{i}")).collect()
+        });
+        let before = counter.snapshot();
+        send_each(client, url, &keys, workers).await?;
+        let used = counter.snapshot().since(before);
+        let per = |n: u64| n as f64 / requests as f64;
+        let counted = Counted {
+            workers,
+            scenario,
+            round_trips: per(used.round_trips),
+            statements: used.statements.map(per),
+        };
+        eprintln!(
+            "  {:<44} {:.2} round trips, {} statements per request ({workers} workers)",
+            counted.scenario,
+            counted.round_trips,
+            counted.statements.map_or("-".into(), |s| format!("{s:.2}"))
+        );
+        out.push(counted);
+    }
+    Ok(out)
 }

@@ -5,6 +5,11 @@ use std::{fmt, sync::Arc, time::Duration};
 use http::{HeaderName, Method};
 use tower::retry::budget::{Budget, TpsBudget};
 
+use crate::{
+    classify::{Classify, DefaultClassifier},
+    key::KeySource,
+};
+
 /// The header that carries the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
@@ -90,7 +95,8 @@ impl fmt::Debug for BudgetConfig {
 /// let layer = IdempotentRetryLayer::new(config)?;
 /// # Ok::<(), tower_idempotency_client::ConfigError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
+#[non_exhaustive]
 pub struct RetryConfig {
     pub(crate) max_attempts: u32,
     pub(crate) base_delay: Duration,
@@ -100,6 +106,27 @@ pub struct RetryConfig {
     pub(crate) budget: BudgetConfig,
     pub(crate) key_mode: KeyMode,
     pub(crate) keyed_methods: Vec<Method>,
+    pub(crate) header: HeaderName,
+    pub(crate) key_source: Option<Arc<dyn KeySource>>,
+    pub(crate) classifier: Arc<dyn Classify>,
+}
+
+impl fmt::Debug for RetryConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryConfig")
+            .field("max_attempts", &self.max_attempts)
+            .field("base_delay", &self.base_delay)
+            .field("max_delay", &self.max_delay)
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("deadline", &self.deadline)
+            .field("budget", &self.budget)
+            .field("key_mode", &self.key_mode)
+            .field("keyed_methods", &self.keyed_methods)
+            .field("header", &self.header)
+            .field("key_source", &self.key_source.as_ref().map(|_| ".."))
+            .field("classifier", &self.classifier)
+            .finish()
+    }
 }
 
 impl Default for RetryConfig {
@@ -120,6 +147,9 @@ impl Default for RetryConfig {
             },
             key_mode: KeyMode::default(),
             keyed_methods: DEFAULT_KEYED_METHODS.to_vec(),
+            header: IDEMPOTENCY_KEY,
+            key_source: None,
+            classifier: Arc::new(DefaultClassifier),
         }
     }
 }
@@ -236,6 +266,38 @@ impl RetryConfig {
     /// ```
     pub fn with_keyed_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.keyed_methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Send the key under `header` instead of [`IDEMPOTENCY_KEY`] (for a server that reads
+    /// another name, such as `X-Idempotency-Key`).
+    ///
+    /// ```
+    /// # use tower_idempotency_client::RetryConfig;
+    /// let config = RetryConfig::default()
+    ///     .with_header_name(http::HeaderName::from_static("x-idempotency-key"));
+    /// ```
+    pub fn with_header_name(mut self, header: HeaderName) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Take the key of a request that carries none from `source` instead of generating one
+    /// (see [`KeySource`]): a key per intent that survives a restart of the process.
+    pub fn with_key_source(mut self, source: impl KeySource) -> Self {
+        self.key_source = Some(Arc::new(source));
+        self
+    }
+
+    /// Decide with `classifier` which answers and errors are retried, instead of
+    /// [`DefaultClassifier`] (see [`Classify`]).
+    ///
+    /// # Warning
+    ///
+    /// Retry only what the server answers the same way for the same key: an answer it saved
+    /// (a replayed `500`, say) comes back on every retry.
+    pub fn with_classifier(mut self, classifier: impl Classify) -> Self {
+        self.classifier = Arc::new(classifier);
         self
     }
 

@@ -3,7 +3,40 @@
 use http::{HeaderMap, HeaderValue, Method};
 use uuid::Uuid;
 
-use crate::config::{KeyMode, RetryConfig, IDEMPOTENCY_KEY};
+#[cfg(test)]
+use crate::config::IDEMPOTENCY_KEY;
+use crate::config::{KeyMode, RetryConfig};
+
+/// Where an intent's key comes from, when the request carries none: for example a row of your
+/// outbox, so that a process that restarts retries the intent with the same key.
+///
+/// Set it with [`RetryConfig::with_key_source`]; it is asked only for requests of a keyed method
+/// that carry no key header. `None` sends the request unkeyed, once. Closures
+/// `Fn(&Method, &HeaderMap) -> Option<HeaderValue>` are key sources:
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue, Method};
+/// use tower_idempotency_client::RetryConfig;
+///
+/// // The outbox relay puts the row's id in `x-outbox-id`; the key is derived from it.
+/// let config = RetryConfig::default().with_key_source(|_: &Method, headers: &HeaderMap| {
+///     let row = headers.get("x-outbox-id")?.to_str().ok()?;
+///     HeaderValue::from_str(&format!("outbox-{row}")).ok()
+/// });
+/// ```
+pub trait KeySource: Send + Sync + 'static {
+    /// The key for this request, or `None` to send it unkeyed (once).
+    fn key(&self, method: &Method, headers: &HeaderMap) -> Option<HeaderValue>;
+}
+
+impl<F> KeySource for F
+where
+    F: Fn(&Method, &HeaderMap) -> Option<HeaderValue> + Send + Sync + 'static,
+{
+    fn key(&self, method: &Method, headers: &HeaderMap) -> Option<HeaderValue> {
+        self(method, headers)
+    }
+}
 
 /// The key this intent's attempts carry, added to `headers` if the policy generates one.
 ///
@@ -13,11 +46,16 @@ pub(crate) fn ensure_key(
     method: &Method,
     headers: &mut HeaderMap,
 ) -> Option<HeaderValue> {
-    if let Some(existing) = headers.get(IDEMPOTENCY_KEY) {
+    if let Some(existing) = headers.get(&config.header) {
         return Some(existing.clone());
     }
     if !config.keyed_methods.contains(method) {
         return None;
+    }
+    if let Some(source) = &config.key_source {
+        let value = source.key(method, headers)?;
+        headers.insert(config.header.clone(), value.clone());
+        return Some(value);
     }
     let key = match config.key_mode {
         KeyMode::UuidV4 => Uuid::new_v4(),
@@ -26,7 +64,7 @@ pub(crate) fn ensure_key(
     };
     let value = HeaderValue::from_str(&key.hyphenated().to_string())
         .expect("a hyphenated UUID is a valid header value");
-    headers.insert(IDEMPOTENCY_KEY, value.clone());
+    headers.insert(config.header.clone(), value.clone());
     Some(value)
 }
 
@@ -67,6 +105,36 @@ mod tests {
             "order-42"
         );
         assert_eq!(headers.get_all(IDEMPOTENCY_KEY).iter().count(), 1);
+    }
+
+    #[test]
+    fn another_header_name_and_a_key_source() {
+        let config = RetryConfig::default()
+            .with_header_name(http::HeaderName::from_static("x-request-key"))
+            .with_key_source(|_: &Method, headers: &HeaderMap| {
+                let row = headers.get("x-outbox-id")?.to_str().ok()?;
+                HeaderValue::from_str(&format!("outbox-{row}")).ok()
+            });
+        let mut headers = HeaderMap::new();
+        headers.insert("x-outbox-id", HeaderValue::from_static("42"));
+        assert_eq!(
+            ensure_key(&config, &Method::POST, &mut headers).unwrap(),
+            "outbox-42"
+        );
+        assert_eq!(headers["x-request-key"], "outbox-42");
+        assert!(headers.get(IDEMPOTENCY_KEY).is_none());
+        // The same row after a restart: the same key.
+        let mut again = HeaderMap::new();
+        again.insert("x-outbox-id", HeaderValue::from_static("42"));
+        assert_eq!(
+            ensure_key(&config, &Method::POST, &mut again).unwrap(),
+            "outbox-42"
+        );
+        // No row: unkeyed, sent once.
+        assert_eq!(
+            ensure_key(&config, &Method::POST, &mut HeaderMap::new()),
+            None
+        );
     }
 
     #[test]

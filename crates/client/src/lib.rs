@@ -44,12 +44,31 @@
 //! ```
 //!
 //! With the `reqwest` feature, [`IdempotentRetryMiddleware`] applies the same policy to a
-//! [reqwest-middleware](https://docs.rs/reqwest-middleware) client.
+//! [reqwest-middleware](https://docs.rs/reqwest-middleware) client. Both front ends run one
+//! retry core, [backon](https://docs.rs/backon)'s retry loop with this crate's waits (full
+//! jitter over backon's exponential schedule, at least `Retry-After`, within the deadline and
+//! the budget): the same attempts, waits, budget and counters.
+//!
+//! # Pluggable
+//!
+//! - which answers and errors are retried: a [`Classify`] ([`RetryConfig::with_classifier`]);
+//! - the header: [`RetryConfig::with_header_name`];
+//! - where the key comes from: the request's own header (set by you, for example from an outbox
+//!   row, so that a restarted process retries with the same key), a [`KeySource`]
+//!   ([`RetryConfig::with_key_source`]), or a generated UUID ([`KeyMode`]).
+//!
+//! # Observed
+//!
+//! `tracing` events under the target `tower_idempotency_client` (a retry at `info` with its
+//! cause and wait, a budget refusal at `warn`), and with the `metrics` feature the counters
+//! `idempotency_client_attempts_total`, `idempotency_client_retries_total{cause}` and
+//! `idempotency_client_budget_refusals_total`.
 //!
 //! [tower-idempotency]: https://docs.rs/tower-idempotency
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod classify;
 mod config;
 mod error;
 mod future;
@@ -60,6 +79,7 @@ mod policy;
 mod reqwest;
 mod service;
 
+pub use classify::{is_transient, Classify, DefaultClassifier, Verdict};
 pub use config::{
     ConfigError, KeyMode, RetryConfig, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_BASE_DELAY,
     DEFAULT_BUDGET_MIN_PER_SEC, DEFAULT_BUDGET_RETRY_RATIO, DEFAULT_BUDGET_TTL, DEFAULT_DEADLINE,
@@ -67,8 +87,8 @@ pub use config::{
 };
 pub use error::{BoxError, Error};
 pub use future::ResponseFuture;
+pub use key::KeySource;
 pub use layer::IdempotentRetryLayer;
-pub use policy::is_transient;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use reqwest::IdempotentRetryMiddleware;

@@ -1,17 +1,22 @@
-//! What may be retried, and when: the decision both the tower service and the reqwest
-//! middleware take after each attempt.
+//! The retry core both front ends run: one intent's attempts, the decision after each, the
+//! backoff, and what is counted.
+//!
+//! The tower service and the reqwest middleware differ only in how they send one attempt and
+//! read its result ([`Attempt`]); [`drive`] runs them in backon's retry loop.
 
-use std::{
-    sync::Arc,
-    time::{Duration, SystemTime},
+use std::{future::Future, sync::Arc, time::Duration};
+
+use backon::{ExponentialBuilder, Retryable};
+use tokio::time::Instant;
+use tower::{
+    retry::budget::Budget,
+    util::rng::{HasherRng, Rng},
 };
 
-use http::{header::RETRY_AFTER, HeaderMap, StatusCode};
-use rand::Rng;
-use tokio::time::Instant;
-use tower::retry::budget::Budget;
-
-use crate::config::{ConfigError, RetryConfig};
+use crate::{
+    classify::Verdict,
+    config::{ConfigError, RetryConfig},
+};
 
 /// The tracing target of this crate's events.
 pub(crate) const TARGET: &str = "tower_idempotency_client";
@@ -50,43 +55,105 @@ impl Policy {
             keyed,
             started: Instant::now(),
             attempts: 0,
+            rng: HasherRng::default(),
         }
     }
 }
 
-/// What one attempt produced, as far as retrying is concerned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// An answer, with the wait its `Retry-After` asks for.
-    Answer(StatusCode, Option<Duration>),
-    /// A transport failure that may have happened before or after the server did the work.
-    TransientError,
-    /// A failure no retry can fix (an invalid request, a closed client).
-    PermanentError,
-    /// No answer within the attempt's time.
-    TimedOut,
+/// One attempt, as a front end sends it and reads its result.
+pub(crate) trait Attempt {
+    /// A successful attempt's answer.
+    type Response;
+    /// A failed attempt's error.
+    type Error;
+
+    /// Send one attempt (the same key every time).
+    fn send(&mut self) -> impl Future<Output = Result<Self::Response, Self::Error>> + Send + '_;
+
+    /// What the config's classifier says about the result.
+    fn classify(&self, result: &Result<Self::Response, Self::Error>) -> Verdict;
 }
 
-impl Outcome {
-    /// Classify an answer by its status and `Retry-After`.
-    pub(crate) fn answer(status: StatusCode, headers: &HeaderMap) -> Self {
-        Self::Answer(status, retry_after(headers, SystemTime::now()))
-    }
+/// How an intent ended.
+#[derive(Debug)]
+pub(crate) enum Ended<R, E> {
+    /// The last attempt's answer or error.
+    Result(Result<R, E>),
+    /// The last attempt had no answer within `timeout`.
+    TimedOut {
+        /// The time it was given.
+        timeout: Duration,
+    },
+}
 
-    /// Whether this outcome is worth another attempt with the same key, and the least wait the
-    /// server asked for.
-    fn retryable(self) -> Option<Duration> {
-        match self {
-            // 409 with Retry-After is the server's "an attempt with this key is in flight";
-            // without it, a 409 is a business conflict that a retry cannot resolve.
-            Self::Answer(StatusCode::CONFLICT, Some(wait)) => Some(wait),
-            Self::Answer(StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE, wait) => {
-                Some(wait.unwrap_or_default())
-            }
-            Self::Answer(..) | Self::PermanentError => None,
-            Self::TransientError | Self::TimedOut => Some(Duration::ZERO),
+/// A retryable attempt's result, on its way through backon's retry loop.
+struct Retrying<R, E> {
+    ended: Ended<R, E>,
+    at_least: Duration,
+    cause: &'static str,
+}
+
+/// Send attempts until one may not be retried; returns how it ended and the attempts sent.
+///
+/// The loop is backon's: its exponential schedule (from the base delay, doubling, capped, at
+/// most `max_attempts - 1` retries) and its sleeps. [`Intent::next_wait`] adjusts each wait:
+/// full jitter, at least the server's `Retry-After`, within the deadline and the budget.
+pub(crate) async fn drive<A>(intent: Intent, attempt: A) -> (Ended<A::Response, A::Error>, u32)
+where
+    A: Attempt + Send,
+    A::Response: Send,
+    A::Error: Send,
+{
+    let config = intent.policy.config.clone();
+    let schedule = ExponentialBuilder::new()
+        .with_min_delay(config.base_delay)
+        .with_max_delay(config.max_delay)
+        .with_factor(2.0)
+        .with_max_times(config.max_attempts.saturating_sub(1) as usize);
+    // One attempt at a time: the locks are never contended, they only let backon's `FnMut`
+    // hand out futures that use the attempt and the intent.
+    let intent = std::sync::Mutex::new(intent);
+    let attempt = tokio::sync::Mutex::new(attempt);
+    let (intent_ref, attempt_ref, config) = (&intent, &attempt, &*config);
+    let send_one = move || async move {
+        let mut attempt = attempt_ref.lock().await;
+        let (timeout, keyed) = {
+            let mut intent = intent_ref.lock().expect("no attempt panics holding it");
+            (intent.begin_attempt(), intent.keyed)
+        };
+        let (verdict, ended) = match tokio::time::timeout(timeout, attempt.send()).await {
+            Ok(result) => (attempt.classify(&result), Ended::Result(result)),
+            Err(_) => (config.classifier.timed_out(), Ended::TimedOut { timeout }),
+        };
+        match verdict {
+            // Only a keyed intent may be retried, whatever the classifier says.
+            Verdict::Retry { at_least, cause } if keyed => Err(Retrying {
+                ended,
+                at_least,
+                cause,
+            }),
+            _ => Ok(ended),
         }
-    }
+    };
+    let finished = send_one
+        .retry(schedule)
+        .sleep(tokio::time::sleep)
+        .adjust(|retrying, scheduled| {
+            intent_ref
+                .lock()
+                .expect("no attempt panics holding it")
+                .next_wait(retrying.at_least, retrying.cause, scheduled)
+        })
+        .await;
+    let ended = match finished {
+        Ok(ended) => ended,
+        Err(retrying) => retrying.ended,
+    };
+    let attempts = intent
+        .into_inner()
+        .expect("no attempt panics holding it")
+        .attempts;
+    (ended, attempts)
 }
 
 /// One intent's attempts: the clock, the count and the decision to go on.
@@ -96,192 +163,276 @@ pub(crate) struct Intent {
     keyed: bool,
     started: Instant,
     attempts: u32,
+    rng: HasherRng,
 }
 
 impl Intent {
     /// Count an attempt, and return how long it may take: the attempt timeout, or less if the
     /// deadline comes first.
-    pub(crate) fn begin_attempt(&mut self) -> Duration {
+    fn begin_attempt(&mut self) -> Duration {
         self.attempts += 1;
+        observe::attempt();
         let config = &self.policy.config;
         let left = config.deadline.saturating_sub(self.started.elapsed());
         config.attempt_timeout.min(left)
     }
 
-    /// Attempts made so far.
-    pub(crate) fn attempts(&self) -> u32 {
-        self.attempts
-    }
-
-    /// How long to wait before the next attempt, or `None` to stop and hand `outcome` back.
-    pub(crate) fn retry_after(&mut self, outcome: Outcome) -> Option<Duration> {
-        if !self.keyed {
+    /// The wait before the next attempt of a retryable one, or `None` to stop and hand its
+    /// result back. `scheduled` is backon's next exponential delay (`None`: attempts used up);
+    /// the wait is a random share of it (full jitter), at least `at_least` (`Retry-After`).
+    fn next_wait(
+        &mut self,
+        at_least: Duration,
+        cause: &'static str,
+        scheduled: Option<Duration>,
+    ) -> Option<Duration> {
+        let attempts = self.attempts;
+        let Some(scheduled) = scheduled else {
+            tracing::debug!(target: TARGET, attempts, cause, "no retry: attempts used up");
             return None;
-        }
-        let asked = outcome.retryable()?;
+        };
+        let wait = at_least.max(full_jitter(&mut self.rng, scheduled));
         let config = &self.policy.config;
-        if self.attempts >= config.max_attempts {
-            tracing::debug!(target: TARGET, attempts = self.attempts, ?outcome, "no retry: attempts used up");
-            return None;
-        }
-        let wait = asked.max(full_jitter(
-            config.base_delay,
-            config.max_delay,
-            self.attempts,
-        ));
         if self.started.elapsed() + wait >= config.deadline {
-            tracing::debug!(target: TARGET, attempts = self.attempts, ?wait, ?outcome, "no retry: the deadline would pass");
+            tracing::debug!(target: TARGET, attempts, ?wait, cause, "no retry: the deadline would pass");
             return None;
         }
         if !self.policy.budget.withdraw() {
-            tracing::debug!(target: TARGET, attempts = self.attempts, ?outcome, "no retry: the retry budget is spent");
+            observe::budget_refusal();
+            tracing::warn!(target: TARGET, attempts, cause, "no retry: the retry budget is spent");
             return None;
         }
-        tracing::debug!(target: TARGET, attempts = self.attempts, ?wait, ?outcome, "retrying with the same key");
+        observe::retry(cause);
+        tracing::info!(target: TARGET, attempts, ?wait, cause, "retrying with the same key");
         Some(wait)
     }
 }
 
-/// A random wait in `[0, min(max, base * 2^(retry - 1))]` ("full jitter"), so clients that failed
-/// together do not retry together.
-fn full_jitter(base: Duration, max: Duration, retry: u32) -> Duration {
-    let exponent = retry.saturating_sub(1).min(31);
-    let ceiling = base.saturating_mul(1 << exponent).min(max);
-    let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-    Duration::from_nanos(rand::rng().random_range(0..=nanos))
+/// A random wait in `[0, ceiling]` ("full jitter"), so clients that failed together do not
+/// retry together. The randomness is tower's (`tower::util::rng`, as its own backoff uses).
+fn full_jitter(rng: &mut impl Rng, ceiling: Duration) -> Duration {
+    ceiling.mul_f64(rng.next_f64().clamp(0.0, 1.0))
 }
 
-/// The wait a `Retry-After` header asks for: delta-seconds, or an HTTP date (in the past: zero).
-/// An unreadable value asks for nothing.
-pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let date = httpdate::parse_http_date(value).ok()?;
-    Some(date.duration_since(now).unwrap_or_default())
-}
+/// The counters (feature `metrics`): attempts, retries by cause, budget refusals.
+mod observe {
+    /// Attempts sent, first ones included.
+    #[cfg(feature = "metrics")]
+    pub(super) const ATTEMPTS: &str = "idempotency_client_attempts_total";
+    /// Retries, labelled by `cause`.
+    #[cfg(feature = "metrics")]
+    pub(super) const RETRIES: &str = "idempotency_client_retries_total";
+    /// Retries the budget refused.
+    #[cfg(feature = "metrics")]
+    pub(super) const BUDGET_REFUSALS: &str = "idempotency_client_budget_refusals_total";
 
-/// Whether a transport error may be temporary: somewhere in its chain of causes is an I/O error,
-/// a hyper connection error (closed, cancelled, incomplete answer) or a timeout. An error with
-/// none of these (an invalid URI, a refused request method) is not retried.
-///
-/// The key makes a retry safe even when the request reached the server and only the answer was
-/// lost, which is exactly the failure this crate exists for.
-pub fn is_transient(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(error);
-    while let Some(err) = cause {
-        if err.is::<std::io::Error>() || err.is::<tokio::time::error::Elapsed>() {
-            return true;
-        }
-        if let Some(err) = err.downcast_ref::<hyper::Error>() {
-            if err.is_canceled()
-                || err.is_closed()
-                || err.is_incomplete_message()
-                || err.is_body_write_aborted()
-                || err.is_timeout()
-            {
-                return true;
-            }
-        }
-        cause = err.source();
+    pub(super) fn attempt() {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(ATTEMPTS).increment(1);
     }
-    false
+
+    pub(super) fn retry(_cause: &'static str) {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(RETRIES, "cause" => _cause).increment(1);
+    }
+
+    pub(super) fn budget_refusal() {
+        #[cfg(feature = "metrics")]
+        metrics::counter!(BUDGET_REFUSALS).increment(1);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
-    fn headers(retry_after: &str) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(RETRY_AFTER, HeaderValue::from_str(retry_after).unwrap());
-        headers
+    /// A retry of a transport error, with backon's next delay `scheduled`.
+    fn transient(intent: &mut Intent, scheduled: Option<Duration>) -> Option<Duration> {
+        intent.next_wait(Duration::ZERO, "transport", scheduled)
     }
 
     #[test]
-    fn retry_after_reads_seconds_and_dates() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777);
-        assert_eq!(
-            retry_after(&headers("3"), now),
-            Some(Duration::from_secs(3))
-        );
-        assert_eq!(
-            retry_after(&headers("Sun, 06 Nov 1994 08:49:40 GMT"), now),
-            Some(Duration::from_secs(3))
-        );
-        assert_eq!(
-            retry_after(&headers("Sun, 06 Nov 1994 08:49:00 GMT"), now),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(retry_after(&headers("soon"), now), None);
-        assert_eq!(retry_after(&HeaderMap::new(), now), None);
+    fn full_jitter_spreads_over_the_whole_range() {
+        let ceiling = Duration::from_millis(800);
+        let mut rng = HasherRng::default();
+        let waits: Vec<_> = (0..200).map(|_| full_jitter(&mut rng, ceiling)).collect();
+        assert!(waits.iter().all(|wait| *wait <= ceiling));
+        assert!(waits.iter().any(|wait| *wait < ceiling / 4));
+        assert!(waits.iter().any(|wait| *wait > ceiling * 3 / 4));
     }
 
-    #[test]
-    fn only_safe_outcomes_are_retryable() {
-        let wait = Some(Duration::from_secs(2));
-        let retryable = [
-            (Outcome::Answer(StatusCode::CONFLICT, wait), wait),
-            (Outcome::Answer(StatusCode::TOO_MANY_REQUESTS, wait), wait),
-            (
-                Outcome::Answer(StatusCode::SERVICE_UNAVAILABLE, None),
-                Some(Duration::ZERO),
-            ),
-            (Outcome::TransientError, Some(Duration::ZERO)),
-            (Outcome::TimedOut, Some(Duration::ZERO)),
-        ];
-        for (outcome, expected) in retryable {
-            assert_eq!(outcome.retryable(), expected, "{outcome:?}");
+    #[tokio::test]
+    async fn a_retry_waits_at_least_retry_after_and_stops_when_attempts_are_used_up() {
+        let policy = Policy::new(RetryConfig::default()).unwrap();
+        let mut intent = policy.start(true);
+        intent.begin_attempt();
+        let wait = intent.next_wait(
+            Duration::from_secs(2),
+            "in_flight",
+            Some(Duration::from_millis(100)),
+        );
+        assert_eq!(wait, Some(Duration::from_secs(2)));
+        let wait = transient(&mut intent, Some(Duration::from_millis(100))).unwrap();
+        assert!(wait <= Duration::from_millis(100));
+        assert_eq!(
+            transient(&mut intent, None),
+            None,
+            "backon's schedule is used up"
+        );
+    }
+
+    /// The whole loop, through backon, with an attempt that fails until it is told otherwise.
+    struct Flaky {
+        failures_left: u32,
+        keyed: bool,
+    }
+
+    impl Attempt for Flaky {
+        type Response = u32;
+        type Error = &'static str;
+
+        fn send(&mut self) -> impl Future<Output = Result<u32, &'static str>> + Send + '_ {
+            let failed = self.failures_left > 0;
+            self.failures_left = self.failures_left.saturating_sub(1);
+            async move {
+                if failed {
+                    Err("connection reset")
+                } else {
+                    Ok(201)
+                }
+            }
         }
-        for status in [400, 401, 403, 404, 409, 413, 422, 500, 502, 504] {
-            let status = StatusCode::from_u16(status).unwrap();
-            assert_eq!(Outcome::Answer(status, None).retryable(), None, "{status}");
-        }
-        assert_eq!(
-            Outcome::Answer(StatusCode::UNPROCESSABLE_ENTITY, wait).retryable(),
-            None
-        );
-        assert_eq!(Outcome::PermanentError.retryable(), None);
-    }
 
-    #[test]
-    fn full_jitter_stays_under_the_capped_exponential() {
-        let base = Duration::from_millis(100);
-        let max = Duration::from_secs(1);
-        for retry in 1..40 {
-            let ceiling = (base * 2u32.pow(retry.min(20) - 1)).min(max);
-            for _ in 0..50 {
-                assert!(full_jitter(base, max, retry) <= ceiling);
+        fn classify(&self, result: &Result<u32, &'static str>) -> Verdict {
+            match result {
+                Ok(_) => Verdict::Final,
+                Err(_) => Verdict::retry(Duration::ZERO, "transport"),
             }
         }
     }
 
     #[tokio::test]
-    async fn an_unkeyed_intent_is_never_retried() {
-        let policy = Policy::new(RetryConfig::default()).unwrap();
-        let mut intent = policy.start(false);
-        intent.begin_attempt();
-        assert_eq!(intent.retry_after(Outcome::TransientError), None);
-        let mut keyed = policy.start(true);
-        keyed.begin_attempt();
-        assert!(keyed.retry_after(Outcome::TransientError).is_some());
+    async fn drive_retries_until_an_answer_and_counts_the_attempts() {
+        let config = RetryConfig::default()
+            .with_max_attempts(5)
+            .with_backoff(Duration::ZERO, Duration::from_millis(1));
+        let policy = Policy::new(config).unwrap();
+        let flaky = Flaky {
+            failures_left: 2,
+            keyed: true,
+        };
+        let (ended, attempts) = drive(policy.start(flaky.keyed), flaky).await;
+        assert!(matches!(ended, Ended::Result(Ok(201))), "{ended:?}");
+        assert_eq!(attempts, 3);
+
+        let always = Flaky {
+            failures_left: 10,
+            keyed: true,
+        };
+        let (ended, attempts) = drive(policy.start(always.keyed), always).await;
+        assert!(
+            matches!(ended, Ended::Result(Err("connection reset"))),
+            "{ended:?}"
+        );
+        assert_eq!(attempts, 5, "max attempts");
+
+        let unkeyed = Flaky {
+            failures_left: 1,
+            keyed: false,
+        };
+        let (ended, attempts) = drive(policy.start(unkeyed.keyed), unkeyed).await;
+        assert!(matches!(ended, Ended::Result(Err(_))), "{ended:?}");
+        assert_eq!(attempts, 1, "an unkeyed intent is sent once");
     }
 
-    #[tokio::test]
-    async fn attempts_stop_at_the_maximum() {
-        let config = RetryConfig::default()
-            .with_max_attempts(3)
-            .with_backoff(Duration::ZERO, Duration::ZERO);
-        let mut intent = Policy::new(config).unwrap().start(true);
-        let mut attempts = 1;
-        intent.begin_attempt();
-        while intent.retry_after(Outcome::TimedOut).is_some() {
-            intent.begin_attempt();
-            attempts += 1;
+    /// The counters, read through a recorder of the test's own.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn attempts_retries_by_cause_and_budget_refusals_are_counted() {
+        use std::{
+            collections::BTreeMap,
+            sync::{atomic::AtomicU64, atomic::Ordering, Mutex},
+        };
+
+        use metrics::{Counter, CounterFn, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+
+        #[derive(Default)]
+        struct Counters(Mutex<BTreeMap<String, Arc<AtomicU64>>>);
+        struct Handle(Arc<AtomicU64>);
+        impl CounterFn for Handle {
+            fn increment(&self, value: u64) {
+                self.0.fetch_add(value, Ordering::SeqCst);
+            }
+            fn absolute(&self, value: u64) {
+                self.0.store(value, Ordering::SeqCst);
+            }
         }
-        assert_eq!(attempts, 3);
+        impl Recorder for Counters {
+            fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+            fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+            fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+            fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+                let labels: Vec<String> = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                let name = format!("{}{{{}}}", key.name(), labels.join(","));
+                let cell = self.0.lock().unwrap().entry(name).or_default().clone();
+                Counter::from_arc(Arc::new(Handle(cell)))
+            }
+            fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> metrics::Gauge {
+                metrics::Gauge::noop()
+            }
+            fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> metrics::Histogram {
+                metrics::Histogram::noop()
+            }
+        }
+
+        let counters = Counters::default();
+        metrics::with_local_recorder(&counters, || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let config = RetryConfig::default().with_backoff(Duration::ZERO, Duration::ZERO);
+                let mut intent = Policy::new(config).unwrap().start(true);
+                intent.begin_attempt();
+                let scheduled = Some(Duration::ZERO);
+                assert!(intent
+                    .next_wait(Duration::ZERO, "unavailable", scheduled)
+                    .is_some());
+                intent.begin_attempt();
+                assert!(transient(&mut intent, scheduled).is_some());
+                intent.begin_attempt();
+                // No budget at all: the retry is refused and counted as such.
+                let spent = Arc::new(tower::retry::budget::TpsBudget::new(
+                    Duration::from_secs(1),
+                    0,
+                    0.0,
+                ));
+                let config = RetryConfig::default().with_shared_budget(spent);
+                let mut refused = Policy::new(config).unwrap().start(true);
+                refused.begin_attempt();
+                assert_eq!(transient(&mut refused, Some(Duration::ZERO)), None);
+            });
+        });
+        let read = |name: &str| {
+            counters
+                .0
+                .lock()
+                .unwrap()
+                .get(name)
+                .map(|c| c.load(Ordering::SeqCst))
+                .unwrap_or(0)
+        };
+        assert_eq!(read("idempotency_client_attempts_total{}"), 4);
+        assert_eq!(
+            read("idempotency_client_retries_total{cause=unavailable}"),
+            1
+        );
+        assert_eq!(read("idempotency_client_retries_total{cause=transport}"), 1);
+        assert_eq!(read("idempotency_client_budget_refusals_total{}"), 1);
     }
 
     #[tokio::test]
@@ -289,10 +440,7 @@ mod tests {
         let config = RetryConfig::default().with_deadline(Duration::from_secs(5));
         let mut intent = Policy::new(config).unwrap().start(true);
         intent.begin_attempt();
-        let outcome = Outcome::Answer(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Some(Duration::from_secs(60)),
-        );
-        assert_eq!(intent.retry_after(outcome), None);
+        let wait = intent.next_wait(Duration::from_secs(60), "unavailable", Some(Duration::ZERO));
+        assert_eq!(wait, None);
     }
 }

@@ -1,5 +1,7 @@
 //! The same policy as a [`reqwest_middleware::Middleware`].
 
+use std::future::Future;
+
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
@@ -7,8 +9,8 @@ use reqwest_middleware::{Middleware, Next};
 use crate::{
     config::{ConfigError, RetryConfig},
     key::ensure_key,
-    policy::{is_transient, Outcome, Policy},
-    Attempts, Error,
+    policy::{drive, Attempt, Ended, Policy},
+    Attempts, Error, Verdict,
 };
 
 /// A reqwest-middleware [`Middleware`] with the policy of [`IdempotentRetryLayer`]: one key per
@@ -49,6 +51,46 @@ impl Default for IdempotentRetryMiddleware {
     }
 }
 
+/// One attempt through the rest of the middleware chain. A body that cannot be cloned is sent
+/// once: the intent was started unkeyed, so it is never retried.
+struct ReqwestAttempt<'a, 'n> {
+    request: Option<Request>,
+    extensions: &'a mut Extensions,
+    next: Next<'n>,
+    policy: &'a Policy,
+}
+
+impl Attempt for ReqwestAttempt<'_, '_> {
+    type Response = Response;
+    type Error = reqwest_middleware::Error;
+
+    fn send(&mut self) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + '_ {
+        let this = match self.request.as_ref().and_then(Request::try_clone) {
+            Some(copy) => copy,
+            None => self
+                .request
+                .take()
+                .expect("a body that cannot be cloned is sent once"),
+        };
+        self.next.clone().run(this, self.extensions)
+    }
+
+    fn classify(&self, result: &reqwest_middleware::Result<Response>) -> Verdict {
+        let classifier = &self.policy.config.classifier;
+        match result {
+            Ok(response) => classifier.response(response.status(), response.headers()),
+            // reqwest says so itself for connect errors and its own timeouts.
+            Err(reqwest_middleware::Error::Reqwest(err))
+                if err.is_connect() || err.is_timeout() =>
+            {
+                Verdict::retry(std::time::Duration::ZERO, "transport")
+            }
+            Err(reqwest_middleware::Error::Reqwest(err)) => classifier.error(err),
+            Err(_) => Verdict::Final,
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl Middleware for IdempotentRetryMiddleware {
     async fn handle(
@@ -60,47 +102,25 @@ impl Middleware for IdempotentRetryMiddleware {
         let method = request.method().clone();
         let key = ensure_key(&self.policy.config, &method, request.headers_mut());
         let replayable = request.try_clone().is_some();
-        let mut intent = self.policy.start(key.is_some() && replayable);
-        let mut request = Some(request);
-        loop {
-            let timeout = intent.begin_attempt();
-            let this = match request.as_ref().and_then(Request::try_clone) {
-                Some(copy) => copy,
-                None => request
-                    .take()
-                    .expect("a body that cannot be cloned is sent once"),
-            };
-            let result = tokio::time::timeout(timeout, next.clone().run(this, extensions)).await;
-            let outcome = match &result {
-                Ok(Ok(response)) => Outcome::answer(response.status(), response.headers()),
-                Ok(Err(reqwest_middleware::Error::Reqwest(err)))
-                    if err.is_connect() || err.is_timeout() || is_transient(err) =>
-                {
-                    Outcome::TransientError
-                }
-                Ok(Err(_)) => Outcome::PermanentError,
-                Err(_) => Outcome::TimedOut,
-            };
-            if let Some(wait) = intent.retry_after(outcome) {
-                drop(result);
-                tokio::time::sleep(wait).await;
-                continue;
+        let intent = self.policy.start(key.is_some() && replayable);
+        let attempt = ReqwestAttempt {
+            request: Some(request),
+            extensions,
+            next,
+            policy: &self.policy,
+        };
+        match drive(intent, attempt).await {
+            (Ended::Result(Ok(mut response)), count) => {
+                response.extensions_mut().insert(Attempts::new(count, key));
+                Ok(response)
             }
-            let attempts = intent.attempts();
-            return match result {
-                Ok(Ok(mut response)) => {
-                    response.extensions_mut().insert(Attempts {
-                        count: attempts,
-                        key,
-                    });
-                    Ok(response)
-                }
-                Ok(Err(err)) => Err(err),
-                Err(_) => Err(reqwest_middleware::Error::middleware(Error::Timeout {
+            (Ended::Result(Err(err)), _) => Err(err),
+            (Ended::TimedOut { timeout }, attempts) => {
+                Err(reqwest_middleware::Error::middleware(Error::Timeout {
                     attempts,
                     timeout,
-                })),
-            };
+                }))
+            }
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The service: sends each attempt of an intent with the same key, and decides after each one.
 
 use std::{
-    future::poll_fn,
+    future::{poll_fn, Future},
     mem,
     task::{Context, Poll},
 };
@@ -14,8 +14,8 @@ use crate::{
     error::BoxError,
     future::ResponseFuture,
     key::ensure_key,
-    policy::{is_transient, Intent, Outcome, Policy},
-    Error,
+    policy::{drive, Attempt, Ended, Intent, Policy},
+    Error, Verdict,
 };
 
 /// What an intent took, in the extensions of its response.
@@ -30,11 +30,18 @@ use crate::{
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Attempts {
     /// Attempts sent, the first included.
     pub count: u32,
     /// The key every attempt carried, if the request had one.
     pub key: Option<HeaderValue>,
+}
+
+impl Attempts {
+    pub(crate) fn new(count: u32, key: Option<HeaderValue>) -> Self {
+        Self { count, key }
+    }
 }
 
 /// A client service that gives each request (one intent) a single `Idempotency-Key` and retries
@@ -103,62 +110,86 @@ where
         // when cloning inner services").
         let clone = self.inner.clone();
         let inner = mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(Box::pin(run(inner, request, key, intent)))
+        ResponseFuture::new(Box::pin(run(
+            inner,
+            request,
+            key,
+            intent,
+            self.policy.clone(),
+        )))
     }
 }
 
-/// Send attempts until one may not be retried; the first uses the service `poll_ready` readied.
-async fn run<S, B, ResBody>(
-    mut inner: S,
+/// One attempt through the inner service: the first uses the service `poll_ready` readied.
+struct TowerAttempt<S, B> {
+    inner: S,
     request: Request<B>,
-    key: Option<HeaderValue>,
-    mut intent: Intent,
-) -> Result<Response<ResBody>, Error>
+    ready: bool,
+    policy: Policy,
+}
+
+impl<S, B, ResBody> Attempt for TowerAttempt<S, B>
 where
-    S: Service<Request<B>, Response = Response<ResBody>>,
+    S: Service<Request<B>, Response = Response<ResBody>> + Send,
     S::Error: Into<BoxError>,
-    B: Clone,
+    S::Future: Send,
+    B: Clone + Send,
 {
-    let mut ready = true;
-    loop {
-        let timeout = intent.begin_attempt();
-        // The copy is made here, not in the attempt, so the future holds no `&Request` (the body
+    type Response = Response<ResBody>;
+    type Error = BoxError;
+
+    fn send(&mut self) -> impl Future<Output = Result<Self::Response, BoxError>> + Send + '_ {
+        // The copy is made here, not in the future, so the future holds no `&Request` (the body
         // need not be `Sync`).
-        let copy = request.clone();
-        let service = &mut inner;
-        let attempt = async move {
+        let copy = self.request.clone();
+        let ready = std::mem::replace(&mut self.ready, false);
+        let service = &mut self.inner;
+        async move {
             if !ready {
                 poll_fn(|cx| service.poll_ready(cx))
                     .await
                     .map_err(Into::into)?;
             }
             service.call(copy).await.map_err(Into::into)
-        };
-        let result: Result<Result<Response<ResBody>, BoxError>, _> =
-            tokio::time::timeout(timeout, attempt).await;
-        ready = false;
-        let outcome = match &result {
-            Ok(Ok(response)) => Outcome::answer(response.status(), response.headers()),
-            Ok(Err(err)) if is_transient(err.as_ref()) => Outcome::TransientError,
-            Ok(Err(_)) => Outcome::PermanentError,
-            Err(_) => Outcome::TimedOut,
-        };
-        if let Some(wait) = intent.retry_after(outcome) {
-            drop(result);
-            tokio::time::sleep(wait).await;
-            continue;
         }
-        let attempts = intent.attempts();
-        return match result {
-            Ok(Ok(mut response)) => {
-                response.extensions_mut().insert(Attempts {
-                    count: attempts,
-                    key,
-                });
-                Ok(response)
-            }
-            Ok(Err(source)) => Err(Error::Transport { attempts, source }),
-            Err(_) => Err(Error::Timeout { attempts, timeout }),
-        };
+    }
+
+    fn classify(&self, result: &Result<Self::Response, BoxError>) -> Verdict {
+        let classifier = &self.policy.config.classifier;
+        match result {
+            Ok(response) => classifier.response(response.status(), response.headers()),
+            Err(err) => classifier.error(err.as_ref()),
+        }
+    }
+}
+
+/// Run the intent through the retry core, and put what it took on the answer.
+async fn run<S, B, ResBody>(
+    inner: S,
+    request: Request<B>,
+    key: Option<HeaderValue>,
+    intent: Intent,
+    policy: Policy,
+) -> Result<Response<ResBody>, Error>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Send,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    B: Clone + Send,
+    ResBody: Send,
+{
+    let attempt = TowerAttempt {
+        inner,
+        request,
+        ready: true,
+        policy,
+    };
+    match drive(intent, attempt).await {
+        (Ended::Result(Ok(mut response)), count) => {
+            response.extensions_mut().insert(Attempts::new(count, key));
+            Ok(response)
+        }
+        (Ended::Result(Err(source)), attempts) => Err(Error::Transport { attempts, source }),
+        (Ended::TimedOut { timeout }, attempts) => Err(Error::Timeout { attempts, timeout }),
     }
 }

@@ -1,14 +1,25 @@
-/// Why [`process_once`](crate#guarantees) did not finish, generic over the work's own error `E`.
+/// Why [`Consumer::process_once`](crate::Consumer::process_once) did not finish, generic over
+/// the work's own error `E`.
 ///
-/// The work's error comes back untouched in [`Error::Work`]; everything else is the backend's.
-/// In both cases nothing was recorded: the event is still unprocessed and a redelivery runs the
-/// work (with one exception, a commit whose answer was lost: see [`Error::Database`]).
+/// The work's error comes back untouched in [`Error::Work`] or [`Error::Parked`]; everything
+/// else is the backend's. Nothing was marked processed: a redelivery runs the work (with one
+/// exception, a commit whose answer was lost: see [`Error::Database`]), unless it was parked.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error<E> {
-    /// The work returned an error; its transaction was rolled back (or its claim released).
+    /// The work returned an error; its transaction was rolled back (or its claim released) and
+    /// the failed attempt counted. Redeliver the event.
     #[error("the event's work failed")]
     Work(#[source] E),
+    /// The work returned an error on its last allowed attempt: rolled back, and the event is now
+    /// parked. Acknowledge the delivery; later deliveries report
+    /// [`Outcome::Parked`](crate::Outcome::Parked) until it is replayed.
+    #[error("the event's work failed on its last allowed attempt; the event is parked")]
+    Parked(#[source] E),
+    /// The delivery carried no event id (a broker message without its id property or header):
+    /// it cannot be deduplicated, so the work did not run. Redelivering it would not help.
+    #[error("the delivery carries no event id, so it cannot be deduplicated")]
+    MissingEventId,
     /// The database failed: beginning, the dedupe insert, the commit or a rollback.
     ///
     /// If the commit itself failed on a lost connection the outcome is unknown; the next
@@ -28,6 +39,15 @@ pub enum Error<E> {
     #[cfg(feature = "redis")]
     #[error("the event's claim lapsed before the work finished")]
     LeaseLost,
+}
+
+impl<E> Error<E> {
+    /// Whether the delivery should be redelivered (nacked): every error but
+    /// [`Parked`](Error::Parked), which is settled, and [`MissingEventId`](Error::MissingEventId),
+    /// which no redelivery mends.
+    pub fn should_redeliver(&self) -> bool {
+        !matches!(self, Error::Parked(_) | Error::MissingEventId)
+    }
 }
 
 #[cfg(feature = "sqlx")]

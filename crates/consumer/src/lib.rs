@@ -12,27 +12,35 @@
 //! ```no_run
 //! # #[cfg(feature = "postgres")]
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! use tower_idempotency_consumer::{postgres, Outcome};
+//! use tower_idempotency_consumer::{Consumer, Outcome, PgConsumer};
 //!
 //! let pool = sqlx::PgPool::connect("postgres://postgres@localhost/app").await?;
-//! postgres::migrate(&pool).await?; // creates processed_events if needed
+//! let payments = PgConsumer::new(pool, "payments");
+//! payments.migrate().await?; // creates processed_events if needed
 //!
-//! let outcome = postgres::process_once(&pool, "payments", "evt_123", |tx| {
-//!     Box::pin(async move {
-//!         sqlx::query("UPDATE accounts SET balance = balance + 40 WHERE id = 7")
-//!             .execute(&mut **tx)
-//!             .await?;
-//!         Ok::<_, sqlx::Error>("credited")
+//! let outcome = payments
+//!     .process_once("evt_123", |tx| {
+//!         Box::pin(async move {
+//!             sqlx::query("UPDATE accounts SET balance = balance + 40 WHERE id = 7")
+//!                 .execute(&mut *tx)
+//!                 .await?;
+//!             Ok::<_, sqlx::Error>("credited")
+//!         })
 //!     })
-//! })
-//! .await?;
+//!     .await?;
 //! match outcome {
 //!     Outcome::Processed(what) => println!("{what}"),
-//!     Outcome::Duplicate => println!("already applied: acknowledge and move on"),
+//!     _ => println!("already applied, or parked: acknowledge and move on"),
 //! }
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Every backend has the same shape: one struct per store ([`PgConsumer`], [`SqliteConsumer`],
+//! [`redis::RedisConsumer`]) implementing one trait, [`Consumer`]. The SQL consumers also mark
+//! an event processed inside a transaction of your own ([`sql::SqlConsumer::claim`]), count
+//! failed attempts, park an event after too many ([`sql`](crate::sql#attempts-and-parking)),
+//! and sweep old marks.
 //!
 //! For work that writes no database row (an e-mail, a call to another API), the [`redis`]
 //! module claims the event with a lease and marks it done afterwards, with fencing tokens.
@@ -43,7 +51,7 @@
 //! |---|---|---|
 //! | PostgreSQL | never | one runs; the others wait for its commit, then report [`Outcome::Duplicate`] (or run, if it rolled back) |
 //! | SQLite | never | serialised by SQLite's write lock (`BEGIN IMMEDIATE`): the same |
-//! | Redis | never while the key is retained | one runs; the others get [`redis::RedisOutcome::InProgress`] |
+//! | Redis | never while the key is retained | one runs; the others get [`Outcome::InProgress`] |
 //!
 //! What the SQL backends cannot cover: effects outside the transaction (an HTTP call made from
 //! the closure happens even if the transaction then rolls back) and a commit whose answer is
@@ -54,28 +62,94 @@
 //!
 //! # Retention
 //!
-//! Rows are kept until swept: run `sweep(pool, older_than, batch)` from a scheduler, with
+//! Rows are kept until swept: run [`sql::SqlConsumer::sweep`] from a scheduler, with
 //! `older_than` longer than the longest redelivery window of the provider (Stripe retries for up
 //! to three days). In Redis a done key expires by itself after its retention.
 //!
 //! # Features
 //!
 //! `postgres`, `sqlite`, `redis`: one per backend, none by default, so a PostgreSQL user never
-//! compiles the Redis client.
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+//! compiles the Redis client. `rabbitmq` ([`rabbitmq`], with `lapin`) and `nats` ([`nats`],
+//! with `async-nats`) acknowledge broker deliveries only after the commit.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+mod delivery;
 mod error;
 mod outcome;
 
-#[cfg(feature = "postgres")]
-pub mod postgres;
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
+#[cfg(feature = "sqlx")]
+pub mod sql;
+
+use std::{fmt, future::Future};
+
+use futures_util::future::BoxFuture;
 
 pub use error::Error;
 pub use outcome::Outcome;
 
 #[cfg(feature = "sqlx")]
 pub use sqlx;
+
+/// The PostgreSQL consumer (feature `postgres`): see [`sql::postgres`].
+#[cfg(feature = "postgres")]
+pub type PgConsumer = sql::SqlConsumer<sqlx::Postgres>;
+
+/// The SQLite consumer (feature `sqlite`): see [`sql::sqlite`].
+#[cfg(feature = "sqlite")]
+pub type SqliteConsumer = sql::SqlConsumer<sqlx::Sqlite>;
+
+/// Runs work at most once per event id: what every backend offers.
+///
+/// Code that handles deliveries (a broker loop, a webhook handler) can take any `Consumer`.
+pub trait Consumer: fmt::Debug + Send + Sync {
+    /// What the work gets: the SQL transaction that holds the processed mark, or, in Redis,
+    /// the claim.
+    type Context: Send;
+
+    /// The consumer's name (one queue handler, one webhook endpoint): events are deduplicated
+    /// per name.
+    fn name(&self) -> &str;
+
+    /// Run `work` for the event unless it was processed before, is parked, or (Redis) is
+    /// being processed right now.
+    ///
+    /// Return `Ok` from `work` to commit, `Err` to roll back: the error comes back as
+    /// [`Error::Work`] (redeliver) or, on the last allowed attempt, [`Error::Parked`]
+    /// (acknowledge). A panic rolls back too and goes on unwinding. `payload`, when given, is
+    /// kept with a failed event for replaying it.
+    ///
+    /// The closure returns a boxed future so that it may borrow the context (the shape of
+    /// sqlx's `Connection::transaction`): write `|tx| Box::pin(async move { .. })` and move
+    /// owned values into it.
+    fn process_once_with_payload<T, E, F>(
+        &self,
+        event_id: &str,
+        payload: Option<&[u8]>,
+        work: F,
+    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>> + Send
+    where
+        T: Send,
+        E: fmt::Display + Send,
+        F: for<'c> FnOnce(&'c mut Self::Context) -> BoxFuture<'c, Result<T, E>> + Send;
+
+    /// [`process_once_with_payload`](Self::process_once_with_payload) without a payload.
+    fn process_once<T, E, F>(
+        &self,
+        event_id: &str,
+        work: F,
+    ) -> impl Future<Output = Result<Outcome<T>, Error<E>>> + Send
+    where
+        T: Send,
+        E: fmt::Display + Send,
+        F: for<'c> FnOnce(&'c mut Self::Context) -> BoxFuture<'c, Result<T, E>> + Send,
+    {
+        self.process_once_with_payload(event_id, None, work)
+    }
+}

@@ -4,7 +4,7 @@ mod common;
 mod suite;
 
 suite::consumer_tests! {
-    backend: postgres,
+    backend: PgConsumer,
     pool: PgPool,
     database: Postgres,
     fresh: fresh_postgres,

@@ -1,4 +1,4 @@
-//! `RedisConsumer::process_once`: each test under a key prefix of its own.
+//! `RedisConsumer` through the `Consumer` trait: each test under a key prefix of its own.
 
 mod common;
 
@@ -13,10 +13,7 @@ use std::{
 use common::{redis_connection, run_child_and_kill_it, signal_ready_and_hang, unique_name};
 use redis::{aio::ConnectionManager, AsyncCommands};
 use tokio::sync::Barrier;
-use tower_idempotency_consumer::{
-    redis::{RedisConsumer, RedisOutcome},
-    Error,
-};
+use tower_idempotency_consumer::{redis::RedisConsumer, Consumer, Error, Outcome};
 
 const LEASE: Duration = Duration::from_secs(5);
 
@@ -25,6 +22,32 @@ async fn consumer(prefix: &str) -> RedisConsumer {
     RedisConsumer::new(redis_connection().await, "receipts")
         .with_prefix(prefix)
         .with_retention(Duration::from_secs(120))
+}
+
+/// A run counter that outlives the test, so that the work (a `'static` future) can count.
+fn counter() -> &'static AtomicUsize {
+    Box::leak(Box::new(AtomicUsize::new(0)))
+}
+
+/// One delivery through [`Consumer::process_once`] with this `lease`, for work that owns what
+/// it uses.
+async fn deliver<C, T, E, Fut>(
+    consumer: &RedisConsumer<C>,
+    event_id: &str,
+    lease: Duration,
+    work: impl FnOnce() -> Fut + Send + 'static,
+) -> Result<Outcome<T>, Error<E>>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync,
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, E>> + Send + 'static,
+{
+    consumer
+        .clone()
+        .with_lease(lease)
+        .process_once(event_id, move |_| Box::pin(work()))
+        .await
 }
 
 /// The work: count a run (the stand-in for an e-mail sent) and return the count.
@@ -36,19 +59,18 @@ async fn send(runs: &AtomicUsize) -> Result<usize, std::io::Error> {
 async fn ten_concurrent_deliveries_run_the_work_once() {
     let consumer = consumer(&unique_name("consumer")).await;
     let barrier = Arc::new(Barrier::new(common::DELIVERIES));
-    let runs = Arc::new(AtomicUsize::new(0));
+    let runs = counter();
     let deliveries: Vec<_> = (0..common::DELIVERIES)
         .map(|_| {
-            let (consumer, barrier, runs) = (consumer.clone(), barrier.clone(), runs.clone());
+            let (consumer, barrier, runs) = (consumer.clone(), barrier.clone(), runs);
             tokio::spawn(async move {
                 barrier.wait().await;
-                consumer
-                    .process_once("evt_1", LEASE, || async {
-                        // Work that takes a while, so that the others arrive while it runs.
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        send(&runs).await
-                    })
-                    .await
+                deliver(&consumer, "evt_1", LEASE, move || async move {
+                    // Work that takes a while, so that the others arrive while it runs.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    send(runs).await
+                })
+                .await
             })
         })
         .collect();
@@ -56,16 +78,17 @@ async fn ten_concurrent_deliveries_run_the_work_once() {
     let mut not_run = 0;
     for delivery in deliveries {
         match delivery.await.expect("no panic").expect("no error") {
-            RedisOutcome::Processed(_) => processed += 1,
-            RedisOutcome::Duplicate | RedisOutcome::InProgress { .. } => not_run += 1,
+            Outcome::Processed(_) => processed += 1,
+            Outcome::Duplicate | Outcome::InProgress { .. } => not_run += 1,
+            other => panic!("neither processed, nor a duplicate, nor in progress: {other:?}"),
         }
     }
     assert_eq!((processed, not_run), (1, common::DELIVERIES - 1));
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
     // Once done, every redelivery is a duplicate.
     for _ in 0..common::DELIVERIES {
-        let again = consumer.process_once("evt_1", LEASE, || send(&runs)).await;
-        assert_eq!(again.expect("redelivery"), RedisOutcome::Duplicate);
+        let again = deliver(&consumer, "evt_1", LEASE, || send(runs)).await;
+        assert_eq!(again.expect("redelivery"), Outcome::Duplicate);
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -73,19 +96,18 @@ async fn ten_concurrent_deliveries_run_the_work_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_work_releases_the_claim_and_the_redelivery_runs_it_once() {
     let consumer = consumer(&unique_name("consumer")).await;
-    let runs = AtomicUsize::new(0);
-    let failed = consumer
-        .process_once("evt_1", LEASE, || async {
-            send(&runs).await?;
-            Err::<usize, _>(std::io::Error::other("the mail server said no"))
-        })
-        .await;
+    let runs = counter();
+    let failed = deliver(&consumer, "evt_1", LEASE, move || async move {
+        send(runs).await?;
+        Err::<usize, _>(std::io::Error::other("the mail server said no"))
+    })
+    .await;
     assert!(matches!(failed, Err(Error::Work(_))), "{failed:?}");
     // Released at once: no waiting for the lease.
-    let retried = consumer.process_once("evt_1", LEASE, || send(&runs)).await;
-    assert_eq!(retried.expect("redelivery"), RedisOutcome::Processed(2));
-    let again = consumer.process_once("evt_1", LEASE, || send(&runs)).await;
-    assert_eq!(again.expect("third delivery"), RedisOutcome::Duplicate);
+    let retried = deliver(&consumer, "evt_1", LEASE, || send(runs)).await;
+    assert_eq!(retried.expect("redelivery"), Outcome::Processed(2));
+    let again = deliver(&consumer, "evt_1", LEASE, || send(runs)).await;
+    assert_eq!(again.expect("third delivery"), Outcome::Duplicate);
     assert_eq!(
         runs.load(Ordering::SeqCst),
         2,
@@ -99,20 +121,19 @@ async fn a_panic_releases_the_claim_and_the_redelivery_runs_it_once() {
     let panicked = tokio::spawn({
         let consumer = consumer.clone();
         async move {
-            consumer
-                .process_once("evt_1", LEASE, || async {
-                    panic!("the work panicked");
-                    #[allow(unreachable_code)]
-                    Ok::<(), std::io::Error>(())
-                })
-                .await
+            deliver(&consumer, "evt_1", LEASE, move || async move {
+                panic!("the work panicked");
+                #[allow(unreachable_code)]
+                Ok::<(), std::io::Error>(())
+            })
+            .await
         }
     })
     .await;
     assert!(panicked.expect_err("the task panicked").is_panic());
-    let runs = AtomicUsize::new(0);
-    let retried = consumer.process_once("evt_1", LEASE, || send(&runs)).await;
-    assert_eq!(retried.expect("redelivery"), RedisOutcome::Processed(1));
+    let runs = counter();
+    let retried = deliver(&consumer, "evt_1", LEASE, || send(runs)).await;
+    assert_eq!(retried.expect("redelivery"), Outcome::Processed(1));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -124,28 +145,27 @@ async fn the_lease_is_renewed_while_a_long_work_runs() {
     let first = tokio::spawn({
         let consumer = consumer.clone();
         async move {
-            consumer
-                .process_once("evt_1", lease, || async move {
-                    started_tx.send(()).expect("the test waits");
-                    go_rx.await.expect("the test says go");
-                    Ok::<_, std::io::Error>("sent")
-                })
-                .await
+            deliver(&consumer, "evt_1", lease, move || async move {
+                started_tx.send(()).expect("the test waits");
+                go_rx.await.expect("the test says go");
+                Ok::<_, std::io::Error>("sent")
+            })
+            .await
         }
     });
     started_rx.await.expect("the work started");
     // Three leases later the claim still holds, because it was renewed.
     tokio::time::sleep(lease * 3).await;
-    let runs = AtomicUsize::new(0);
-    let during = consumer.process_once("evt_1", lease, || send(&runs)).await;
+    let runs = counter();
+    let during = deliver(&consumer, "evt_1", lease, || send(runs)).await;
     assert!(
-        matches!(during, Ok(RedisOutcome::InProgress { lease_remaining }) if lease_remaining <= lease),
+        matches!(during, Ok(Outcome::InProgress { lease_remaining }) if lease_remaining <= lease),
         "{during:?}"
     );
     go_tx.send(()).expect("the work waits");
     assert_eq!(
         first.await.expect("no panic").expect("first"),
-        RedisOutcome::Processed("sent")
+        Outcome::Processed("sent")
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
@@ -156,16 +176,16 @@ async fn a_holder_that_lost_its_claim_cannot_complete_it() {
     let consumer = consumer(&prefix).await;
     let key = consumer.key("evt_1");
     let mut conn = redis_connection().await;
-    let taken = consumer
-        .process_once("evt_1", LEASE, || {
-            let (mut conn, key) = (conn.clone(), key.clone());
-            async move {
-                // Another delivery takes the claim over (as after a lapsed lease).
-                let () = conn.set(&key, "another-token").await.expect("take over");
-                Ok::<_, redis::RedisError>(())
-            }
-        })
-        .await;
+    let (work_conn, work_key) = (conn.clone(), key.clone());
+    let taken = deliver(&consumer, "evt_1", LEASE, move || {
+        let (mut conn, key) = (work_conn, work_key);
+        async move {
+            // Another delivery takes the claim over (as after a lapsed lease).
+            let () = conn.set(&key, "another-token").await.expect("take over");
+            Ok::<_, redis::RedisError>(())
+        }
+    })
+    .await;
     assert!(matches!(taken, Err(Error::LeaseLost)), "{taken:?}");
     let value: String = conn.get(&key).await.expect("read the key");
     assert_eq!(value, "another-token", "the fenced holder changed nothing");
@@ -179,7 +199,7 @@ async fn a_lost_claim_cancels_the_running_work() {
     let lease = Duration::from_millis(300);
     let outcome = tokio::time::timeout(
         Duration::from_secs(10),
-        consumer.process_once("evt_1", lease, || {
+        deliver(&consumer, "evt_1", lease, move || {
             let (mut conn, key) = (conn.clone(), key.clone());
             async move {
                 let () = conn.set(&key, "another-token").await.expect("take over");
@@ -199,8 +219,8 @@ async fn a_crashed_holder_blocks_redeliveries_until_its_lease_lapses() {
     if let Ok(prefix) = std::env::var(common::CHILD_ENV) {
         // The child: claim the event, then die (the parent kills us) in the middle of the work.
         let consumer = consumer(&prefix).await;
-        let result = consumer
-            .process_once::<(), redis::RedisError, _, _>("evt_1", lease, || async {
+        let result =
+            deliver::<_, (), redis::RedisError, _>(&consumer, "evt_1", lease, move || async move {
                 signal_ready_and_hang().await
             })
             .await;
@@ -214,18 +234,18 @@ async fn a_crashed_holder_blocks_redeliveries_until_its_lease_lapses() {
     )
     .await;
 
-    let runs = AtomicUsize::new(0);
-    let blocked = consumer.process_once("evt_1", lease, || send(&runs)).await;
-    let Ok(RedisOutcome::InProgress { lease_remaining }) = blocked else {
+    let runs = counter();
+    let blocked = deliver(&consumer, "evt_1", lease, || send(runs)).await;
+    let Ok(Outcome::InProgress { lease_remaining }) = blocked else {
         panic!("the dead holder's claim still holds: {blocked:?}");
     };
     assert!(lease_remaining <= lease);
     // The claim lapses by Redis's clock: wait out the time it reported, and a little more.
     tokio::time::sleep(lease_remaining + Duration::from_millis(50)).await;
-    let retried = consumer.process_once("evt_1", lease, || send(&runs)).await;
-    assert_eq!(retried.expect("redelivery"), RedisOutcome::Processed(1));
-    let again = consumer.process_once("evt_1", lease, || send(&runs)).await;
-    assert_eq!(again.expect("third delivery"), RedisOutcome::Duplicate);
+    let retried = deliver(&consumer, "evt_1", lease, || send(runs)).await;
+    assert_eq!(retried.expect("redelivery"), Outcome::Processed(1));
+    let again = deliver(&consumer, "evt_1", lease, || send(runs)).await;
+    assert_eq!(again.expect("third delivery"), Outcome::Duplicate);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -235,11 +255,9 @@ async fn done_events_expire_after_the_retention_and_keys_are_cluster_safe() {
     let retention = Duration::from_secs(60);
     let consumer = consumer(&prefix).await.with_retention(retention);
     let mut conn: ConnectionManager = redis_connection().await;
-    let runs = AtomicUsize::new(0);
-    let done = consumer
-        .process_once("evt_{1}", LEASE, || send(&runs))
-        .await;
-    assert_eq!(done.expect("first delivery"), RedisOutcome::Processed(1));
+    let runs = counter();
+    let done = deliver(&consumer, "evt_{1}", LEASE, || send(runs)).await;
+    assert_eq!(done.expect("first delivery"), Outcome::Processed(1));
 
     let key = consumer.key("evt_{1}");
     let tag = key
@@ -291,36 +309,34 @@ async fn on_redis_cluster_concurrent_deliveries_of_many_events_run_each_once() {
     let consumer = RedisConsumer::new(cluster_connection().await, "receipts")
         .with_prefix(unique_name("consumer"))
         .with_retention(Duration::from_secs(120));
-    let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..EVENTS).map(|_| AtomicUsize::new(0)).collect());
+    let runs: &'static [AtomicUsize] =
+        Vec::leak((0..EVENTS).map(|_| AtomicUsize::new(0)).collect());
     let barrier = Arc::new(Barrier::new(EVENTS * common::DELIVERIES));
     let mut tasks = Vec::new();
     for event in 0..EVENTS {
         for _ in 0..common::DELIVERIES {
-            let (consumer, barrier, runs) = (consumer.clone(), barrier.clone(), runs.clone());
+            let (consumer, barrier, runs) = (consumer.clone(), barrier.clone(), runs);
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
                 let event_id = format!("evt_{event}");
-                consumer
-                    .process_once(&event_id, LEASE, || async {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        send(&runs[event]).await
-                    })
-                    .await
+                deliver(&consumer, &event_id, LEASE, move || async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    send(&runs[event]).await
+                })
+                .await
             }));
         }
     }
     let mut processed = 0;
     for task in tasks {
-        if let RedisOutcome::Processed(_) = task.await.expect("no panic").expect("no error") {
+        if let Outcome::Processed(_) = task.await.expect("no panic").expect("no error") {
             processed += 1;
         }
     }
     assert_eq!(processed, EVENTS, "one delivery of each event ran the work");
     for (event, runs) in runs.iter().enumerate() {
         assert_eq!(runs.load(Ordering::SeqCst), 1, "evt_{event} ran once");
-        let again = consumer
-            .process_once(&format!("evt_{event}"), LEASE, || send(runs))
-            .await;
-        assert_eq!(again.expect("redelivery"), RedisOutcome::Duplicate);
+        let again = deliver(&consumer, &format!("evt_{event}"), LEASE, || send(runs)).await;
+        assert_eq!(again.expect("redelivery"), Outcome::Duplicate);
     }
 }

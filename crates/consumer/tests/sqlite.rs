@@ -4,7 +4,7 @@ mod common;
 mod suite;
 
 suite::consumer_tests! {
-    backend: sqlite,
+    backend: SqliteConsumer,
     pool: SqlitePool,
     database: Sqlite,
     fresh: fresh_sqlite,

@@ -10,11 +10,17 @@
 //! | [`cut_all`](FaultProxy::cut_all) | every current connection is closed at once, on both sides |
 //! | [`black_hole`](FaultProxy::black_hole) | connections stay open but nothing is forwarded, both ways; new connections are accepted and held silent |
 //! | [`refuse`](FaultProxy::refuse) | the target looks down: current connections are cut and new ones are closed as soon as they are accepted |
-//! | [`restore`](FaultProxy::restore) | forward normally again, no latency; connections that lost bytes in a black hole are cut |
+//! | [`lose_answers`](FaultProxy::lose_answers) | a share of answers, drawn from a seeded generator, is lost: the target did the work, the client's connection is cut instead of answered |
+//! | [`restore`](FaultProxy::restore) | forward normally again, no latency, no loss; connections that lost bytes in a black hole are cut |
 //! | [`cut_at`](FaultProxy::cut_at) | once: cut the connection that sends a chunk containing a pattern (say `COMMIT`), before the chunk reaches the target or just before its answer comes back |
 //!
 //! Each command is a plain method (no `.await`), so a test can drive the proxy from any thread.
 //! Every task of the proxy stops when it is dropped.
+//!
+//! The proxy also counts what it carries ([`traffic`](FaultProxy::traffic)): bytes each way and
+//! round trips (the client sends, the target answers), whatever the protocol. For counts that
+//! need the protocol (statements, say), [`start_watching`](FaultProxy::start_watching) gives
+//! each connection a [`Watch`] that sees every byte the client sends.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> std::io::Result<()> {
@@ -42,11 +48,13 @@ use std::{
     fmt, io,
     net::SocketAddr,
     sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
     time::Duration,
 };
+
+use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -84,7 +92,45 @@ pub enum CutPoint {
     BeforeTheAnswer,
 }
 
-/// Counts and the one-shot trigger, shared by the proxy and its tasks.
+/// What the proxy carried, over every connection since it started. See
+/// [`FaultProxy::traffic`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Bytes forwarded from clients to the target.
+    pub bytes_to_target: u64,
+    /// Bytes forwarded from the target to clients.
+    pub bytes_from_target: u64,
+    /// Round trips: a client sent bytes, then the target answered (however many chunks each
+    /// way). Bytes the target sends unasked (a notification) start no round trip.
+    pub round_trips: u64,
+    /// Answers lost by [`FaultProxy::lose_answers`]: counted in `round_trips`, never forwarded.
+    pub answers_lost: u64,
+}
+
+impl Traffic {
+    /// What was carried between `earlier` and `self`.
+    pub fn since(self, earlier: Traffic) -> Traffic {
+        Traffic {
+            bytes_to_target: self.bytes_to_target - earlier.bytes_to_target,
+            bytes_from_target: self.bytes_from_target - earlier.bytes_from_target,
+            round_trips: self.round_trips - earlier.round_trips,
+            answers_lost: self.answers_lost - earlier.answers_lost,
+        }
+    }
+}
+
+/// Sees every chunk a client sends on one connection, before it is forwarded: protocol-aware
+/// counting on top of [`Traffic`]. Made once per connection by
+/// [`FaultProxy::start_watching`]'s factory, so it may keep state across chunks.
+pub trait Watch: Send + 'static {
+    /// `chunk` is on its way from the client to the target.
+    fn sent(&mut self, chunk: &[u8]);
+}
+
+/// Makes a connection's [`Watch`].
+type MakeWatch = Arc<dyn Fn() -> Box<dyn Watch> + Send + Sync>;
+
+/// Counts, the one-shot trigger and the loss generator, shared by the proxy and its tasks.
 #[derive(Debug, Default)]
 struct Counters {
     open: AtomicUsize,
@@ -92,6 +138,12 @@ struct Counters {
     cut: AtomicUsize,
     trigger: Mutex<Option<(Vec<u8>, CutPoint)>>,
     fired: AtomicUsize,
+    bytes_to_target: AtomicU64,
+    bytes_from_target: AtomicU64,
+    round_trips: AtomicU64,
+    answers_lost: AtomicU64,
+    /// The share of answers lost and the generator that draws them.
+    loss: Mutex<Option<(f64, StdRng)>>,
 }
 
 impl Counters {
@@ -110,6 +162,19 @@ impl Counters {
         *trigger = None;
         self.fired.fetch_add(1, Ordering::SeqCst);
         Some(point)
+    }
+
+    /// One draw for an answer: whether [`FaultProxy::lose_answers`] loses it.
+    fn lose(&self) -> bool {
+        let mut loss = self.loss.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((share, rng)) = loss.as_mut() else {
+            return false;
+        };
+        let lost = rng.random_bool(*share);
+        if lost {
+            self.answers_lost.fetch_add(1, Ordering::SeqCst);
+        }
+        lost
     }
 }
 
@@ -139,6 +204,23 @@ impl FaultProxy {
     /// Listen on `127.0.0.1:0` and forward to `target`. Must be called inside a tokio runtime,
     /// which runs the proxy's tasks.
     pub async fn start(target: SocketAddr) -> io::Result<Self> {
+        Self::listen(target, None).await
+    }
+
+    /// [`start`](Self::start), with a [`Watch`] made by `make` for each connection, which sees
+    /// every chunk its client sends.
+    pub async fn start_watching<W: Watch>(
+        target: SocketAddr,
+        make: impl Fn() -> W + Send + Sync + 'static,
+    ) -> io::Result<Self> {
+        Self::listen(
+            target,
+            Some(Arc::new(move || Box::new(make()) as Box<dyn Watch>)),
+        )
+        .await
+    }
+
+    async fn listen(target: SocketAddr, watch: Option<MakeWatch>) -> io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (state, _) = watch::channel(State {
@@ -152,6 +234,7 @@ impl FaultProxy {
             target,
             state.clone(),
             counters.clone(),
+            watch,
         ));
         Ok(Self {
             addr,
@@ -199,9 +282,28 @@ impl FaultProxy {
         });
     }
 
-    /// Forward normally again, with no latency. Connections that went through a black hole are cut
-    /// (their byte streams have holes).
+    /// From now on, lose each answer with probability `share` (0 to 1), drawn from a generator
+    /// seeded with `seed`: the target has received the request and answered (so it did the
+    /// work), and the client's connection is cut instead of answered, the way a network that
+    /// lost the answer looks to the client. One draw per answer (a round trip), so the same seed
+    /// loses the same answers of the same sequence of requests. Replaces an earlier loss.
+    ///
+    /// # Panics
+    ///
+    /// If `share` is not between 0 and 1.
+    pub fn lose_answers(&self, share: f64, seed: u64) {
+        assert!(
+            (0.0..=1.0).contains(&share),
+            "the share of answers lost must be between 0 and 1, got {share}"
+        );
+        *self.counters.loss.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((share, StdRng::seed_from_u64(seed)));
+    }
+
+    /// Forward normally again, with no latency and no loss. Connections that went through a black
+    /// hole are cut (their byte streams have holes).
     pub fn restore(&self) {
+        *self.counters.loss.lock().unwrap_or_else(|e| e.into_inner()) = None;
         self.state.send_modify(|s| {
             if s.forwarding == Forwarding::BlackHole {
                 s.cuts += 1;
@@ -236,9 +338,20 @@ impl FaultProxy {
         self.counters.accepted.load(Ordering::SeqCst)
     }
 
-    /// Connections closed by a cut, a refusal or a restore since the start.
+    /// Connections closed by a cut, a refusal, a restore or a lost answer since the start.
     pub fn cut_connections(&self) -> usize {
         self.counters.cut.load(Ordering::SeqCst)
+    }
+
+    /// What the proxy carried since it started: bytes each way, round trips, answers lost.
+    pub fn traffic(&self) -> Traffic {
+        let c = &self.counters;
+        Traffic {
+            bytes_to_target: c.bytes_to_target.load(Ordering::SeqCst),
+            bytes_from_target: c.bytes_from_target.load(Ordering::SeqCst),
+            round_trips: c.round_trips.load(Ordering::SeqCst),
+            answers_lost: c.answers_lost.load(Ordering::SeqCst),
+        }
     }
 }
 
@@ -254,6 +367,7 @@ async fn accept_loop(
     target: SocketAddr,
     state: watch::Sender<State>,
     counters: Arc<Counters>,
+    watch: Option<MakeWatch>,
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -269,9 +383,10 @@ async fn accept_loop(
             continue;
         }
         let counters = counters.clone();
+        let watch = watch.as_ref().map(|make| make());
         tokio::spawn(async move {
             counters.open.fetch_add(1, Ordering::SeqCst);
-            let cut = serve(client, target, watcher, &counters).await;
+            let cut = serve(client, target, watcher, &counters, watch).await;
             counters.open.fetch_sub(1, Ordering::SeqCst);
             if cut {
                 counters.cut.fetch_add(1, Ordering::SeqCst);
@@ -286,6 +401,7 @@ async fn serve(
     target: SocketAddr,
     mut watcher: watch::Receiver<State>,
     counters: &Counters,
+    watch: Option<Box<dyn Watch>>,
 ) -> bool {
     let start = *watcher.borrow_and_update();
     let traffic = watcher.clone();
@@ -311,16 +427,18 @@ async fn serve(
         let _ = upstream.set_nodelay(true);
         let (client_read, client_write) = client.into_split();
         let (upstream_read, upstream_write) = upstream.into_split();
-        let drop_next_answer = AtomicBool::new(false);
+        let connection = Connection::default();
         let outbound = Pump {
             state: traffic.clone(),
-            counters: Some(counters),
-            drop_next_answer: &drop_next_answer,
+            direction: Direction::ToTarget(watch),
+            counters,
+            connection: &connection,
         };
         let inbound = Pump {
             state: traffic,
-            counters: None,
-            drop_next_answer: &drop_next_answer,
+            direction: Direction::FromTarget,
+            counters,
+            connection: &connection,
         };
         tokio::select! {
             cut = outbound.run(client_read, upstream_write) => cut,
@@ -333,46 +451,90 @@ async fn serve(
     }
 }
 
-/// One direction of a connection: client to target (with `counters`, where triggers fire) or
-/// target to client (delayed by the latency).
+/// What the two directions of one connection share.
+#[derive(Debug, Default)]
+struct Connection {
+    /// A trigger fired `BeforeTheAnswer`: the target's next chunk cuts the connection.
+    drop_next_answer: AtomicBool,
+    /// The client sent bytes the target has not answered yet: its next chunk is an answer.
+    asked: AtomicBool,
+}
+
+/// Which way a [`Pump`] copies.
+enum Direction {
+    /// Client to target: triggers fire here, the watch sees every chunk.
+    ToTarget(Option<Box<dyn Watch>>),
+    /// Target to client: delayed by the latency, answers counted and lost here.
+    FromTarget,
+}
+
+/// One direction of a connection.
 struct Pump<'a> {
     state: watch::Receiver<State>,
-    counters: Option<&'a Counters>,
-    drop_next_answer: &'a AtomicBool,
+    direction: Direction,
+    counters: &'a Counters,
+    connection: &'a Connection,
 }
 
 impl Pump<'_> {
     /// Copy chunk by chunk, following the current state: drop chunks in a black hole, delay the
-    /// target's chunks by the latency. Returns `true` when a trigger cut the connection.
-    async fn run(self, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) -> bool {
+    /// target's chunks by the latency. Returns `true` when a trigger or a lost answer cut the
+    /// connection.
+    async fn run(mut self, mut from: OwnedReadHalf, mut to: OwnedWriteHalf) -> bool {
         let mut buf = vec![0; CHUNK];
+        let (counters, connection) = (self.counters, self.connection);
         loop {
             let n = match from.read(&mut buf).await {
                 Ok(0) | Err(_) => return false,
                 Ok(n) => n,
             };
             let chunk = &buf[..n];
-            let inbound = self.counters.is_none();
+            let inbound = matches!(self.direction, Direction::FromTarget);
             let latency = self.state.borrow().latency;
             if inbound && !latency.is_zero() {
                 tokio::time::sleep(latency).await;
             }
-            if inbound && self.drop_next_answer.load(Ordering::SeqCst) {
+            if inbound && connection.drop_next_answer.load(Ordering::SeqCst) {
                 return true;
             }
             // Judge the black hole after the delay: a chunk in the air when it began is lost.
             if self.state.borrow().forwarding != Forwarding::Pass {
                 continue;
             }
-            let fired = self.counters.and_then(|c| c.fire(chunk));
+            let fired = match &mut self.direction {
+                Direction::ToTarget(watch) => {
+                    if let Some(watch) = watch {
+                        watch.sent(chunk);
+                    }
+                    counters.fire(chunk)
+                }
+                Direction::FromTarget => {
+                    if connection.asked.swap(false, Ordering::SeqCst) {
+                        counters.round_trips.fetch_add(1, Ordering::SeqCst);
+                        if counters.lose() {
+                            return true;
+                        }
+                    }
+                    None
+                }
+            };
             if fired == Some(CutPoint::BeforeSending) {
                 return true;
             }
+            let bytes = if inbound {
+                &counters.bytes_from_target
+            } else {
+                // Before the bytes leave: the answer to them may come back at once.
+                connection.asked.store(true, Ordering::SeqCst);
+                &counters.bytes_to_target
+            };
+            // Counted before the write, so a reader of the answer finds it counted.
+            bytes.fetch_add(n as u64, Ordering::SeqCst);
             if to.write_all(chunk).await.is_err() {
                 return false;
             }
             if fired == Some(CutPoint::BeforeTheAnswer) {
-                self.drop_next_answer.store(true, Ordering::SeqCst);
+                connection.drop_next_answer.store(true, Ordering::SeqCst);
             }
         }
     }
@@ -554,5 +716,138 @@ mod tests {
         let read =
             tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest)).await;
         assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn traffic_counts_bytes_each_way_and_one_round_trip_per_answer() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        for _ in 0..3 {
+            round_trip(&mut client, Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+        // The echo's last answer is read before the count is taken: the proxy counted it before
+        // forwarding it.
+        let traffic = proxy.traffic();
+        assert_eq!(traffic.round_trips, 3, "{traffic:?}");
+        assert_eq!(traffic.bytes_to_target, 12, "{traffic:?}");
+        assert_eq!(traffic.bytes_from_target, 12, "{traffic:?}");
+        assert_eq!(traffic.answers_lost, 0);
+        let before = proxy.traffic();
+        round_trip(&mut client, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(proxy.traffic().since(before).round_trips, 1);
+    }
+
+    /// A target that counts the requests it received, answering each with `done`.
+    async fn counting_server() -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = Arc::new(AtomicUsize::new(0));
+        let count = received.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0; 4];
+                    while socket.read_exact(&mut buf).await.is_ok() {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        if socket.write_all(b"done").await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, received)
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_lost_answer_reaches_the_target_and_cuts_the_client() {
+        let (target, received) = counting_server().await;
+        let proxy = FaultProxy::start(target).await.unwrap();
+        proxy.lose_answers(1.0, 7);
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        client.write_all(b"work").await.unwrap();
+        let mut answer = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut answer)).await;
+        assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?}");
+        assert!(answer.is_empty(), "the answer must be lost: {answer:?}");
+        assert_eq!(
+            received.load(Ordering::SeqCst),
+            1,
+            "the target did the work"
+        );
+        assert_eq!(proxy.traffic().answers_lost, 1);
+        proxy.restore();
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        fresh.write_all(b"work").await.unwrap();
+        let mut done = [0; 4];
+        fresh.read_exact(&mut done).await.unwrap();
+        assert_eq!(&done, b"done");
+    }
+
+    /// Send `n` requests, each on a new connection when the last one was cut; which were lost.
+    async fn lost_pattern(proxy: &FaultProxy, n: usize) -> Vec<bool> {
+        let mut lost = Vec::new();
+        for _ in 0..n {
+            let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+            client.write_all(b"work").await.unwrap();
+            let mut done = [0; 4];
+            let read = tokio::time::timeout(Duration::from_secs(5), client.read_exact(&mut done))
+                .await
+                .expect("an answer or a cut");
+            lost.push(read.is_err());
+        }
+        lost
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_same_seed_loses_the_same_answers() {
+        let (target, _) = counting_server().await;
+        let proxy = FaultProxy::start(target).await.unwrap();
+        proxy.lose_answers(0.5, 42);
+        let first = lost_pattern(&proxy, 40).await;
+        proxy.lose_answers(0.5, 42);
+        let second = lost_pattern(&proxy, 40).await;
+        assert_eq!(first, second);
+        let lost = first.iter().filter(|l| **l).count();
+        assert!((5..=35).contains(&lost), "half of 40, give or take: {lost}");
+        assert_eq!(proxy.traffic().answers_lost, 2 * lost as u64);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_watch_sees_every_byte_each_client_sends() {
+        let seen = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+        let connections = seen.clone();
+        struct Record(Arc<Mutex<Vec<Vec<u8>>>>, usize);
+        impl Watch for Record {
+            fn sent(&mut self, chunk: &[u8]) {
+                self.0.lock().unwrap()[self.1].extend_from_slice(chunk);
+            }
+        }
+        let proxy = FaultProxy::start_watching(echo_server().await, move || {
+            let mut all = connections.lock().unwrap();
+            all.push(Vec::new());
+            Record(connections.clone(), all.len() - 1)
+        })
+        .await
+        .unwrap();
+        for _ in 0..2 {
+            let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+            round_trip(&mut client, Duration::from_secs(5))
+                .await
+                .unwrap();
+            round_trip(&mut client, Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [b"pingping".to_vec(), b"pingping".to_vec()]
+        );
     }
 }

@@ -129,6 +129,8 @@ pin_project! {
         Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
         // The inner body failed while the layer read it: the client sees the same failure.
         Failed { error: Option<crate::BoxError> },
+        // Over the saved-body limit: what the layer read, then the rest of the inner body.
+        Prefixed { prefix: Option<Bytes>, body: Pin<Box<B>> },
     }
 }
 
@@ -151,6 +153,16 @@ impl<B> ResponseBody<B> {
             kind: Kind::Full {
                 data: (!bytes.is_empty()).then_some(bytes),
                 trailers: (!trailers.is_empty()).then_some(trailers),
+            },
+        }
+    }
+
+    /// `prefix`, then the rest of `body`, streamed.
+    pub(crate) fn prefixed(prefix: Bytes, body: Pin<Box<B>>) -> Self {
+        Self {
+            kind: Kind::Prefixed {
+                prefix: (!prefix.is_empty()).then_some(prefix),
+                body,
             },
         }
     }
@@ -184,6 +196,10 @@ where
                     .map(Ok),
             ),
             KindProj::Failed { error } => Poll::Ready(error.take().map(Err)),
+            KindProj::Prefixed { prefix, body } => match prefix.take() {
+                Some(prefix) => Poll::Ready(Some(Ok(Frame::data(prefix)))),
+                None => body.as_mut().poll_frame(cx).map_err(Into::into),
+            },
         }
     }
 
@@ -193,6 +209,7 @@ where
             Kind::Rejection { body } => body.is_end_stream(),
             Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Failed { error } => error.is_none(),
+            Kind::Prefixed { prefix, body } => prefix.is_none() && body.is_end_stream(),
         }
     }
 
@@ -204,6 +221,16 @@ where
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Failed { .. } => SizeHint::default(),
+            Kind::Prefixed { prefix, body } => {
+                let read = prefix.as_ref().map_or(0, |p| p.len() as u64);
+                let rest = body.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower() + read);
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper + read);
+                }
+                hint
+            }
         }
     }
 }
@@ -215,6 +242,7 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
             Kind::Rejection { .. } => "rejection",
             Kind::Full { .. } => "full",
             Kind::Failed { .. } => "failed",
+            Kind::Prefixed { .. } => "prefixed",
         };
         f.debug_struct("ResponseBody").field("kind", &kind).finish()
     }

@@ -5,6 +5,7 @@ use std::{sync::Arc, time::Duration};
 use http::{HeaderName, Method};
 
 use crate::{
+    error::{RejectionResponse, DEFAULT_PROBLEM_TYPE_BASE},
     fingerprint::{DefaultFingerprint, FingerprintFn},
     key::{AuthorizationScope, ScopeFn},
     record::{DefaultSavePolicy, SavePolicy},
@@ -15,6 +16,10 @@ use crate::{
 pub const DEFAULT_HEADER_NAME: HeaderName = HeaderName::from_static("idempotency-key");
 /// The largest request body buffered by default: 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
+/// The largest response body saved by default: 1 MiB. A larger answer is streamed to its client
+/// and saved without its body (see
+/// [`with_saved_body_limit`](crate::Idempotency::with_saved_body_limit)).
+pub const DEFAULT_SAVED_BODY_LIMIT: usize = 1024 * 1024;
 /// How long a record is kept by default, counted from its claim: 24 hours.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// How long a claim stays valid without a heartbeat by default: 30 seconds.
@@ -40,6 +45,7 @@ pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Duration,
+    pub(crate) saved_body_limit: usize,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) scope: Arc<dyn ScopeFn>,
@@ -49,6 +55,14 @@ pub(crate) struct Config {
     pub(crate) fail_open: bool,
     pub(crate) store_timeout: Duration,
     pub(crate) retry_after: RetryAfter,
+    /// Refuse requests whose scope is anonymous (400 `MissingScope`).
+    pub(crate) require_scope: bool,
+    /// The base of the problem `type` URIs.
+    pub(crate) problem_type_base: Arc<str>,
+    /// The user's own refusal response, replacing the problem document.
+    pub(crate) rejection_response: Option<Arc<dyn RejectionResponse>>,
+    /// The header that marks a replay.
+    pub(crate) replay_header: HeaderName,
     /// Shared by every clone of the layer, so the estimate learns from all of them.
     pub(crate) durations: Arc<Durations>,
 }
@@ -61,6 +75,7 @@ impl Default for Config {
             methods: DEFAULT_METHODS.to_vec(),
             body_limit: DEFAULT_BODY_LIMIT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
+            saved_body_limit: DEFAULT_SAVED_BODY_LIMIT,
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             scope: Arc::new(AuthorizationScope),
@@ -70,6 +85,10 @@ impl Default for Config {
             fail_open: false,
             store_timeout: DEFAULT_STORE_TIMEOUT,
             retry_after: RetryAfter::default(),
+            require_scope: false,
+            problem_type_base: Arc::from(DEFAULT_PROBLEM_TYPE_BASE),
+            rejection_response: None,
+            replay_header: crate::record::REPLAYED_HEADER,
             durations: Arc::default(),
         }
     }

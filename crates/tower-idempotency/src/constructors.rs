@@ -62,6 +62,29 @@ impl Idempotency<crate::store::sqlite::SqliteStore> {
     }
 }
 
+#[cfg(feature = "mysql")]
+impl Idempotency<crate::store::mysql::MySqlStore> {
+    /// A layer over a [`MySqlStore`](crate::store::mysql::MySqlStore) on `pool` (MySQL 8 or
+    /// MariaDB).
+    ///
+    /// The table must exist: call [`MySqlStore::migrate`](crate::store::mysql::MySqlStore::migrate) first, or run the schema in the
+    /// [module docs](crate::store::mysql) with your own migrations.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::{store::mysql::sqlx::MySqlPool, Idempotency};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = MySqlPool::connect("mysql://root@localhost/app").await?;
+    /// let layer = Idempotency::mysql(pool);
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn mysql(pool: sqlx::MySqlPool) -> Self {
+        Self::new(crate::store::mysql::MySqlStore::new(pool))
+    }
+}
+
 #[cfg(feature = "redis")]
 impl Idempotency<crate::store::redis::RedisStore> {
     /// A layer over a [`RedisStore`](crate::store::redis::RedisStore) on `client`, under the default prefix, connecting on first
@@ -83,7 +106,7 @@ impl Idempotency<crate::store::redis::RedisStore> {
     }
 }
 
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 impl<St: crate::store::TransactionalStore> Idempotency<St> {
     /// Switch to transactional mode: the handler gets an [`IdempotencyTransaction`](crate::IdempotencyTransaction) and its writes
     /// commit together with the saved response. See the [module docs](crate::transaction).

@@ -1,16 +1,21 @@
 //! The answers the layer gives itself, as `application/problem+json` (RFC 9457).
 //!
-//! | status | rejection | when |
-//! |---|---|---|
-//! | 400 | [`Rejection::MissingKey`], [`Rejection::InvalidKey`], [`Rejection::UnreadableBody`] | no usable key, or the body could not be read |
-//! | 408 | [`Rejection::BodyTimeout`] | the body was not received in time; nothing was claimed |
-//! | 409 | [`Rejection::InFlight`], [`Rejection::LeaseLost`] | the first attempt with this key is still running |
-//! | 413 | [`Rejection::BodyTooLarge`] | the body is over the limit; nothing was claimed |
-//! | 422 | [`Rejection::KeyReused`] | the key was first used for a different request |
-//! | 500 | [`Rejection::StoreFailed`] | the store answered with an error that retrying will not fix; the handler was not called |
-//! | 503 | [`Rejection::StoreUnavailable`], [`Rejection::StoreFull`] | the store could not be reached, or is full; the handler was not called |
+//! One [`Rejection`] variant per refusal; the crate docs list [every status the layer answers
+//! with](crate#what-the-layer-answers), with its headers and body.
 //!
 //! Every rejection is logged as a `tracing` event under the target `tower_idempotency`.
+//!
+//! # Your own error format
+//!
+//! The answers are yours to shape, per layer:
+//!
+//! - [`with_problem_type_base`](crate::Idempotency::with_problem_type_base): the problem `type`
+//!   is `{base}{name}` ([`Rejection::name`]), pointing into your API's documentation instead of
+//!   this crate's;
+//! - [`with_rejection_response`](crate::Idempotency::with_rejection_response): a function from
+//!   [`Rejection`] to the whole response, for an API with its own error envelope;
+//! - [`with_replay_header`](crate::Idempotency::with_replay_header): the name of the header that
+//!   marks a replay (`Idempotent-Replayed` by default).
 
 use std::time::Duration;
 
@@ -26,8 +31,10 @@ use crate::{
 /// How long a client is told to wait when the store is unavailable.
 const STORE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Base of the `type` URIs: each rejection is documented under its anchor.
-const TYPE_BASE: &str =
+/// The default base of the problem `type` URIs: each rejection is documented under its anchor
+/// in this crate's documentation. Change it with
+/// [`with_problem_type_base`](crate::Idempotency::with_problem_type_base).
+pub const DEFAULT_PROBLEM_TYPE_BASE: &str =
     "https://docs.rs/tower-idempotency/latest/tower_idempotency/error/enum.Rejection.html#variant.";
 
 /// Why the layer answered a request itself instead of calling the handler (or instead of the
@@ -49,6 +56,10 @@ pub enum Rejection {
     },
     /// 400: the request body could not be read.
     UnreadableBody,
+    /// 400: the layer [requires a scope](crate::Idempotency::require_scope) and the request
+    /// carries no caller identity (by default: no `Authorization`), so its key would share one
+    /// key space with every other anonymous caller. Nothing was read or claimed.
+    MissingScope,
     /// 413: the body is larger than the layer buffers. Nothing was claimed.
     BodyTooLarge {
         /// The limit in bytes.
@@ -111,6 +122,7 @@ impl Rejection {
         match self {
             Rejection::MissingKey { .. }
             | Rejection::InvalidKey { .. }
+            | Rejection::MissingScope
             | Rejection::UnreadableBody => StatusCode::BAD_REQUEST,
             Rejection::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -128,6 +140,7 @@ impl Rejection {
         match self {
             Rejection::MissingKey { .. } => "Idempotency key missing",
             Rejection::InvalidKey { .. } => "Idempotency key invalid",
+            Rejection::MissingScope => "Caller not identified",
             Rejection::UnreadableBody => "Request body unreadable",
             Rejection::BodyTooLarge { .. } => "Request body too large",
             Rejection::BodyTimeout { .. } => "Request body too slow",
@@ -149,6 +162,7 @@ impl Rejection {
             Rejection::InvalidKey { header, reason } => format!(
                 "the `{header}` header is invalid: {reason}; send one key of 1 to 255 visible ASCII characters, bare or as a quoted string"
             ),
+            Rejection::MissingScope => "this endpoint keeps idempotency keys per caller and this request does not say who the caller is; send your credentials (for example the `Authorization` header) with the request, and the same ones on every retry".to_owned(),
             Rejection::UnreadableBody => {
                 "the request body could not be read; send the request again".to_owned()
             }
@@ -180,11 +194,13 @@ impl Rejection {
         }
     }
 
-    /// The problem's `type` URI, a link to this variant's documentation.
-    pub fn type_uri(&self) -> String {
-        let variant = match self {
+    /// The variant's name (`"KeyReused"`, `"InFlight"`..): a stable code for an error envelope
+    /// of your own, and the last part of the problem `type` URI.
+    pub fn name(&self) -> &'static str {
+        match self {
             Rejection::MissingKey { .. } => "MissingKey",
             Rejection::InvalidKey { .. } => "InvalidKey",
+            Rejection::MissingScope => "MissingScope",
             Rejection::UnreadableBody => "UnreadableBody",
             Rejection::BodyTooLarge { .. } => "BodyTooLarge",
             Rejection::BodyTimeout { .. } => "BodyTimeout",
@@ -194,8 +210,26 @@ impl Rejection {
             Rejection::StoreUnavailable { .. } => "StoreUnavailable",
             Rejection::StoreFull { .. } => "StoreFull",
             Rejection::StoreFailed => "StoreFailed",
-        };
-        format!("{TYPE_BASE}{variant}")
+        }
+    }
+
+    /// The problem's `type` URI under the default base, a link to this variant's documentation:
+    /// [`DEFAULT_PROBLEM_TYPE_BASE`] followed by [`name`](Self::name).
+    pub fn type_uri(&self) -> String {
+        self.type_uri_under(DEFAULT_PROBLEM_TYPE_BASE)
+    }
+
+    /// The problem's `type` URI under `base`: `base` followed by [`name`](Self::name).
+    ///
+    /// ```
+    /// use tower_idempotency::Rejection;
+    /// assert_eq!(
+    ///     Rejection::KeyReused.type_uri_under("https://api.example.com/problems#"),
+    ///     "https://api.example.com/problems#KeyReused"
+    /// );
+    /// ```
+    pub fn type_uri_under(&self, base: &str) -> String {
+        format!("{base}{}", self.name())
     }
 
     /// The `Retry-After` this answer carries, if any.
@@ -209,11 +243,17 @@ impl Rejection {
         }
     }
 
-    /// The `application/problem+json` response.
+    /// The `application/problem+json` response, with the `type` under the default base.
     pub fn to_response(&self) -> Response<Full<Bytes>> {
+        self.problem_response(DEFAULT_PROBLEM_TYPE_BASE)
+    }
+
+    /// The `application/problem+json` response, with the `type` under `base` (see
+    /// [`type_uri_under`](Self::type_uri_under)), and `Retry-After` when the rejection has one.
+    pub fn problem_response(&self, base: &str) -> Response<Full<Bytes>> {
         let status = self.status();
         let body = serde_json::json!({
-            "type": self.type_uri(),
+            "type": self.type_uri_under(base),
             "title": self.title(),
             "status": status.as_u16(),
             "detail": self.detail(),
@@ -224,20 +264,65 @@ impl Rejection {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
-        if let Some(after) = self.retry_after() {
-            response.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(retry_after_secs(after)),
-            );
-        }
-        tracing::debug!(
-            target: "tower_idempotency",
-            status = status.as_u16(),
-            title = self.title(),
-            "request answered by the idempotency layer"
-        );
+        self.add_retry_after(response.headers_mut());
         response
     }
+
+    /// `Retry-After` in `headers` when this rejection has one and `headers` lacks it.
+    fn add_retry_after(&self, headers: &mut http::HeaderMap) {
+        if let Some(after) = self.retry_after() {
+            if !headers.contains_key(header::RETRY_AFTER) {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(retry_after_secs(after)),
+                );
+            }
+        }
+    }
+}
+
+/// Builds the whole response of a refusal, for an API with its own error format (see
+/// [`with_rejection_response`](crate::Idempotency::with_rejection_response)).
+///
+/// Implemented for closures `Fn(&Rejection) -> http::Response<Bytes>`.
+pub trait RejectionResponse: Send + Sync + 'static {
+    /// The response to `rejection`. Its status is yours to choose; keep
+    /// [`Rejection::status`] unless your clients expect otherwise, since the client side of
+    /// this crate (and most others) retries 409 and 503 and nothing else.
+    fn response(&self, rejection: &Rejection) -> Response<Bytes>;
+}
+
+impl<F> RejectionResponse for F
+where
+    F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn response(&self, rejection: &Rejection) -> Response<Bytes> {
+        self(rejection)
+    }
+}
+
+/// The answer the layer sends for `rejection`: the user's own response if the layer has one,
+/// else the problem document under the layer's `type` base. `Retry-After` is added when the
+/// rejection has one and the response lacks it, so clients keep retrying correctly.
+pub(crate) fn render(
+    config: &crate::config::Config,
+    rejection: Rejection,
+) -> Response<Full<Bytes>> {
+    let response = match &config.rejection_response {
+        Some(custom) => {
+            let mut response = custom.response(&rejection).map(Full::new);
+            rejection.add_retry_after(response.headers_mut());
+            response
+        }
+        None => rejection.problem_response(&config.problem_type_base),
+    };
+    tracing::debug!(
+        target: "tower_idempotency",
+        status = response.status().as_u16(),
+        title = rejection.title(),
+        "request answered by the idempotency layer"
+    );
+    response
 }
 
 impl std::fmt::Display for Rejection {

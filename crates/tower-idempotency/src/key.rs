@@ -193,6 +193,13 @@ impl Scope {
         }
         Self(Sha256::digest(identity).into())
     }
+
+    /// `true` for the scope of no identity (`Scope::new("")`): what the default scope gives a
+    /// request without `Authorization`. Every such caller shares one key space;
+    /// [`require_scope`](crate::Idempotency::require_scope) refuses them.
+    pub fn is_anonymous(&self) -> bool {
+        self.0 == EMPTY_IDENTITY_SHA256
+    }
 }
 
 impl fmt::Debug for Scope {

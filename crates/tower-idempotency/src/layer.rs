@@ -7,6 +7,7 @@ use tower_layer::Layer;
 
 use crate::{
     config::Config,
+    error::RejectionResponse,
     fingerprint::{DefaultFingerprint, FingerprintFn},
     key::ScopeFn,
     mode::{Mode, Standard},
@@ -43,6 +44,7 @@ use crate::{
 /// | methods | POST, PATCH | [`with_methods`](Self::with_methods) |
 /// | body limit | 1 MiB (413 over it) | [`with_body_limit`](Self::with_body_limit) |
 /// | body read time | 30 s (408 over it) | [`with_body_timeout`](Self::with_body_timeout) |
+/// | saved response body | 1 MiB (larger: streamed, saved without its body) | [`with_saved_body_limit`](Self::with_saved_body_limit) |
 /// | retention | 24 h | [`with_ttl`](Self::with_ttl) |
 /// | lease | 30 s, renewed every 10 s | [`with_lease`](Self::with_lease) |
 /// | scope | hash of `Authorization` | [`with_scope`](Self::with_scope) |
@@ -52,11 +54,26 @@ use crate::{
 /// | `Retry-After` of that 409 | estimated from recent handler durations, 1 s to the lease left | [`with_retry_after`](Self::with_retry_after) |
 /// | store down | 503 + `Retry-After` | [`fail_open`](Self::fail_open) |
 /// | store call timeout | 5 s (then: store down) | [`with_store_timeout`](Self::with_store_timeout) |
+/// | anonymous callers | share one key space | [`require_scope`](Self::require_scope) |
+/// | problem `type` URIs | this crate's docs ([`DEFAULT_PROBLEM_TYPE_BASE`](crate::error::DEFAULT_PROBLEM_TYPE_BASE)) | [`with_problem_type_base`](Self::with_problem_type_base) |
+/// | refusal responses | `application/problem+json` | [`with_rejection_response`](Self::with_rejection_response) |
+/// | replay marker | `Idempotent-Replayed: true` | [`with_replay_header`](Self::with_replay_header) |
 pub struct Idempotency<St, M = Standard> {
     pub(crate) store: Arc<St>,
     pub(crate) config: Arc<Config>,
     mode: PhantomData<fn() -> M>,
 }
+
+/// The layer under its tower-http style name ([`Idempotency`] is the same type): for code that
+/// names layers `XxxLayer` (`TimeoutLayer`, `CompressionLayer`).
+///
+/// ```
+/// use tower_idempotency::{store::MemoryStore, IdempotencyLayer};
+///
+/// let layer: IdempotencyLayer<MemoryStore> = IdempotencyLayer::new(MemoryStore::new());
+/// # let _ = layer;
+/// ```
+pub type IdempotencyLayer<St, M = Standard> = Idempotency<St, M>;
 
 impl<St: Store> Idempotency<St> {
     /// A layer over `store` with the defaults listed above.
@@ -130,6 +147,27 @@ impl<St: Store, M> Idempotency<St, M> {
     /// ```
     pub fn with_body_limit(self, limit: usize) -> Self {
         self.map_config(|c| c.body_limit = limit)
+    }
+
+    /// Save response bodies up to `limit` bytes (default
+    /// [`DEFAULT_SAVED_BODY_LIMIT`](crate::DEFAULT_SAVED_BODY_LIMIT), 1 MiB); the layer never
+    /// holds more of a response than that and one frame.
+    ///
+    /// An answer whose body is larger (a big download, a stream of server-sent events) is
+    /// streamed to its client as the handler produces it, and saved without its body: a retry
+    /// with the same key gets the first answer's status and headers (its `Location`, say),
+    /// minus the headers that describe the body (`Content-Length`, `Content-Type`,
+    /// `Content-Encoding`, `Content-Range`, `ETag`, `Last-Modified`, `Accept-Ranges`), an empty
+    /// body, `Idempotent-Body-Not-Kept: true` and the replay header. The request is not run
+    /// again. A body that announces its size (`Content-Length`) over the limit is not read
+    /// before it is streamed. The save policy sees such an answer without trailers.
+    ///
+    /// ```
+    /// let layer = tower_idempotency::Idempotency::memory().with_saved_body_limit(256 * 1024);
+    /// # let _ = layer;
+    /// ```
+    pub fn with_saved_body_limit(self, limit: usize) -> Self {
+        self.map_config(|c| c.saved_body_limit = limit)
     }
 
     /// Give up reading a request body after `timeout` (default 30 s) and answer 408 Request
@@ -336,7 +374,83 @@ impl<St: Store, M> Idempotency<St, M> {
         )
     }
 
-    #[cfg(feature = "sqlx")]
+    /// Refuse requests that carry no caller identity (the scope is
+    /// [anonymous](crate::Scope::is_anonymous): by default, no `Authorization` header) with a
+    /// 400 [`MissingScope`](crate::Rejection::MissingScope), before their body is read.
+    ///
+    /// Without it, every anonymous caller shares one key space: one can replay another's answer
+    /// by sending the same key. Use it where every caller should be identified; choose how with
+    /// [`with_scope`](Self::with_scope): a scope that returns `Scope::new("")` for an
+    /// unidentified request is refused too.
+    ///
+    /// ```
+    /// use tower_idempotency::{Idempotency, Scope};
+    ///
+    /// // Scoped by API key header; requests without one get 400.
+    /// let layer = Idempotency::memory()
+    ///     .with_scope(|parts: &http::request::Parts| {
+    ///         Scope::new(parts.headers.get("x-api-key").map(|v| v.as_bytes()).unwrap_or_default())
+    ///     })
+    ///     .require_scope();
+    /// # let _ = layer;
+    /// ```
+    pub fn require_scope(self) -> Self {
+        self.map_config(|c| c.require_scope = true)
+    }
+
+    /// Name the problem `type` URIs of refusals `{base}{name}` (see
+    /// [`Rejection::name`](crate::Rejection::name)) instead of links into this crate's
+    /// documentation, so they point at your API's own error pages.
+    ///
+    /// ```
+    /// let layer = tower_idempotency::Idempotency::memory()
+    ///     .with_problem_type_base("https://api.example.com/errors/idempotency#");
+    /// // a reused key is then `"type": "https://api.example.com/errors/idempotency#KeyReused"`
+    /// # let _ = layer;
+    /// ```
+    pub fn with_problem_type_base(self, base: impl Into<String>) -> Self {
+        let base: Arc<str> = Arc::from(base.into());
+        self.map_config(|c| c.problem_type_base = base)
+    }
+
+    /// Build the whole response of every refusal with `response`, for an API with its own error
+    /// envelope. The [`Rejection`](crate::Rejection) gives the status, a stable
+    /// [`name`](crate::Rejection::name), the title, the detail and the retry delay; the layer
+    /// adds `Retry-After` when the rejection has one and your response lacks it.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tower_idempotency::{Idempotency, Rejection};
+    ///
+    /// let layer = Idempotency::memory().with_rejection_response(|rejection: &Rejection| {
+    ///     let body = serde_json::json!({
+    ///         "error": { "code": rejection.name(), "message": rejection.detail() }
+    ///     });
+    ///     http::Response::builder()
+    ///         .status(rejection.status())
+    ///         .header("content-type", "application/json")
+    ///         .body(Bytes::from(body.to_string()))
+    ///         .unwrap()
+    /// });
+    /// # let _ = layer;
+    /// ```
+    pub fn with_rejection_response(self, response: impl RejectionResponse) -> Self {
+        let response: Arc<dyn RejectionResponse> = Arc::new(response);
+        self.map_config(|c| c.rejection_response = Some(response))
+    }
+
+    /// Mark replayed answers with `header: true` instead of `Idempotent-Replayed: true`.
+    ///
+    /// ```
+    /// let layer = tower_idempotency::Idempotency::memory()
+    ///     .with_replay_header(http::HeaderName::from_static("x-idempotent-replay"));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_replay_header(self, header: HeaderName) -> Self {
+        self.map_config(|c| c.replay_header = header)
+    }
+
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
     pub(crate) fn into_mode<M2>(self) -> Idempotency<St, M2> {
         Idempotency {
             store: self.store,
@@ -367,12 +481,17 @@ impl<St: fmt::Debug, M> fmt::Debug for Idempotency<St, M> {
             .field("methods", &c.methods)
             .field("body_limit", &c.body_limit)
             .field("body_timeout", &c.body_timeout)
+            .field("saved_body_limit", &c.saved_body_limit)
             .field("ttl", &c.ttl)
             .field("lease", &c.lease)
             .field("wait", &c.wait)
             .field("fail_open", &c.fail_open)
             .field("store_timeout", &c.store_timeout)
             .field("retry_after", &c.retry_after)
+            .field("require_scope", &c.require_scope)
+            .field("problem_type_base", &c.problem_type_base)
+            .field("rejection_response", &c.rejection_response.is_some())
+            .field("replay_header", &c.replay_header)
             .finish_non_exhaustive()
     }
 }

@@ -23,17 +23,8 @@
 //!    answer is still saved for the retry. A store that cannot be reached gives 503 (fail
 //!    closed).
 //!
-//! | status | from the layer when |
-//! |---|---|
-//! | 400 | the key is missing (when required) or invalid |
-//! | 408 | the body did not arrive within the body timeout |
-//! | 409 | the first attempt with this key is still running (`Retry-After`: when it should be done, estimated from recent handler durations, see [`RetryAfter`]) |
-//! | 413 | the body is over the limit |
-//! | 422 | the key was first used for a different request |
-//! | 500 | the store answered with an error a retry will not cure (the log has the cause) |
-//! | 503 | the store is unavailable or full (`Retry-After: 1`) |
-//!
-//! All are `application/problem+json` ([`Rejection`]).
+//! Every status the layer answers with, and its headers and body: [the table
+//! above](#what-the-layer-answers).
 //!
 //! # Stores
 //!
@@ -42,9 +33,10 @@
 //! | [`MemoryStore`](store::MemoryStore) | `memory` (default) | [`Idempotency::memory`] |
 //! | `PostgresStore` | `postgres` | `Idempotency::postgres(pool)` |
 //! | `SqliteStore` | `sqlite` | `Idempotency::sqlite(pool)` |
+//! | `MySqlStore` | `mysql` | `Idempotency::mysql(pool)` (MySQL 8, MariaDB) |
 //! | `RedisStore` | `redis` | `Idempotency::redis(..)` |
 //!
-//! With PostgreSQL and SQLite, [transactional mode](transaction) commits the handler's writes
+//! With PostgreSQL, SQLite and MySQL, [transactional mode](transaction) commits the handler's writes
 //! and the saved answer together. What is promised, and where it ends: [`guarantees`].
 //!
 //! # Features
@@ -52,12 +44,15 @@
 //! Listed in the [install table](#install) above; every item that needs one says so in these docs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "admin")]
+pub mod admin;
 mod body;
 mod config;
 #[cfg(any(
     feature = "memory",
     feature = "postgres",
     feature = "sqlite",
+    feature = "mysql",
     feature = "redis"
 ))]
 mod constructors;
@@ -72,6 +67,8 @@ mod layer;
 mod mode;
 mod not_processed;
 mod observe;
+#[cfg(feature = "utoipa")]
+pub mod openapi;
 mod record;
 mod retry_after;
 mod service;
@@ -80,31 +77,38 @@ pub mod single_commit;
 pub mod store;
 pub mod sweeper;
 mod timeout;
-#[cfg(feature = "sqlx")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 pub mod transaction;
 
 pub use body::{RequestBody, ResponseBody};
 pub use config::{
     DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS,
-    DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
+    DEFAULT_SAVED_BODY_LIMIT, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
 };
-pub use error::Rejection;
+pub use error::{Rejection, RejectionResponse};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyHash, Scope};
-pub use layer::Idempotency;
+pub use layer::{Idempotency, IdempotencyLayer};
 pub use mode::{Mode, Standard};
 pub use not_processed::NotProcessed;
 #[cfg(feature = "metrics")]
 pub use observe::describe_metrics;
-pub use record::{DefaultSavePolicy, SavePolicy, REPLAYED_HEADER};
+pub use observe::UNKNOWN_ROUTE;
+pub use record::{DefaultSavePolicy, SavePolicy, BODY_NOT_KEPT_HEADER, REPLAYED_HEADER};
 pub use retry_after::RetryAfter;
 pub use service::{IdempotencyService, ResponseFuture};
 #[cfg(feature = "postgres")]
 pub use single_commit::SingleCommit;
 pub use sweeper::Sweeper;
-#[cfg(feature = "sqlx")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 pub use transaction::{IdempotencyTransaction, Transactional};
 
 /// The error type of bodies the layer produces.

@@ -3,11 +3,15 @@
 //! Events are emitted under the target `tower_idempotency`, inside a span named `idempotency`
 //! per guarded request. The span carries the scoped key hash (`idempotency.key_hash`, never the
 //! raw key, the scope or the body), the OpenTelemetry HTTP fields `http.request.method`,
-//! `url.path` and `http.response.status_code`, and the request's final `outcome`.
+//! `http.route`, `url.path` and `http.response.status_code`, and the request's final `outcome`.
+//!
+//! `http.route` is the route that matched, such as `/orders/{id}`: axum's `MatchedPath` (with the
+//! `axum` feature, under `route_layer` or a layer on the route), else [`UNKNOWN_ROUTE`]. Metrics
+//! carry the route, never the raw path, so their label values stay as few as the routes.
 //!
 //! Every guarded request (a covered method) ends in exactly one final outcome, counted once in
-//! `idempotency_requests_total{outcome}` (with the `metrics` feature), so the counter sums to the
-//! guarded requests:
+//! `idempotency_requests_total{outcome, http.route}` (with the `metrics` feature; Prometheus
+//! shows the label as `http_route`), so the counter sums to the guarded requests:
 //!
 //! | outcome | meaning | level |
 //! |---|---|---|
@@ -28,7 +32,12 @@
 //!
 //! Also with `metrics`: `idempotency_store_duration_seconds{op,store}`, a histogram of store
 //! operation latency (`op` = `claim`, `renew`, `complete`, `release`, `sweep`; `store` =
-//! [`Store::name`](crate::store::Store::name)), and `idempotency_lease_renewals_total`. Call
+//! [`Store::name`](crate::store::Store::name)), `idempotency_lease_renewals_total`,
+//! `idempotency_takeovers_total{http.route}` (a holder stopped renewing: its process died or lost
+//! the store), and the sweeper's `idempotency_swept_records_total{store}`,
+//! `idempotency_sweep_rounds_total{store,result}` and `idempotency_sweep_round_batches{store}`
+//! (1 while it keeps up). The repository ships a Grafana dashboard and Prometheus alerts built
+//! on them (`observability/`). Call
 //! [`describe_metrics`](crate::describe_metrics) once at start-up to register units and help
 //! texts with the recorder.
 
@@ -39,6 +48,21 @@ use std::{
 
 use crate::key::KeyHash;
 
+/// The `http.route` of a request whose matched route is not known (no axum `MatchedPath` in its
+/// extensions).
+pub const UNKNOWN_ROUTE: &str = "unknown";
+
+/// The route that matched `request`, for spans and metrics: axum's `MatchedPath` when there is
+/// one, else [`UNKNOWN_ROUTE`]. Never the raw path, whose values are unbounded.
+pub(crate) fn route_of<B>(request: &http::Request<B>) -> Arc<str> {
+    #[cfg(feature = "axum")]
+    if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() {
+        return Arc::from(matched.as_str());
+    }
+    let _ = request;
+    Arc::from(UNKNOWN_ROUTE)
+}
+
 /// The counter of final outcomes.
 #[cfg(feature = "metrics")]
 pub(crate) const REQUESTS_TOTAL: &str = "idempotency_requests_total";
@@ -48,6 +72,20 @@ pub(crate) const STORE_DURATION: &str = "idempotency_store_duration_seconds";
 /// The counter of lease renewals.
 #[cfg(feature = "metrics")]
 pub(crate) const LEASE_RENEWALS_TOTAL: &str = "idempotency_lease_renewals_total";
+/// The counter of takeovers: running records whose holder stopped renewing (died, or lost the
+/// store for a whole lease), claimed again by a retry.
+#[cfg(feature = "metrics")]
+pub(crate) const TAKEOVERS_TOTAL: &str = "idempotency_takeovers_total";
+/// The counter of expired records the sweeper deleted.
+#[cfg(feature = "metrics")]
+pub(crate) const SWEPT_TOTAL: &str = "idempotency_swept_records_total";
+/// The counter of sweeper rounds, by result (`ok`, `error`).
+#[cfg(feature = "metrics")]
+pub(crate) const SWEEP_ROUNDS_TOTAL: &str = "idempotency_sweep_rounds_total";
+/// The gauge of batches the last sweeper round needed: 1 when it keeps up, more while it works
+/// through a backlog.
+#[cfg(feature = "metrics")]
+pub(crate) const SWEEP_ROUND_BATCHES: &str = "idempotency_sweep_round_batches";
 
 /// What happened to one request (or one step of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,14 +157,16 @@ pub(crate) fn record(outcome: Outcome, detail: &dyn std::fmt::Display) {
 pub(crate) struct RequestRecord {
     span: tracing::Span,
     outcome: OnceLock<Outcome>,
+    route: Arc<str>,
 }
 
 impl RequestRecord {
-    pub(crate) fn new(method: &http::Method, path: &str) -> Arc<Self> {
+    pub(crate) fn new(method: &http::Method, path: &str, route: Arc<str>) -> Arc<Self> {
         let span = tracing::info_span!(
             target: "tower_idempotency",
             "idempotency",
             "http.request.method" = %method,
+            "http.route" = &*route,
             "url.path" = path,
             "idempotency.key_hash" = tracing::field::Empty,
             "http.response.status_code" = tracing::field::Empty,
@@ -135,11 +175,17 @@ impl RequestRecord {
         Arc::new(Self {
             span,
             outcome: OnceLock::new(),
+            route,
         })
     }
 
     pub(crate) fn span(&self) -> &tracing::Span {
         &self.span
+    }
+
+    /// The matched route, as in the span.
+    pub(crate) fn route(&self) -> &str {
+        &self.route
     }
 
     pub(crate) fn key(&self, key: &KeyHash) {
@@ -171,7 +217,12 @@ impl Drop for RequestRecord {
             self.span.record("outcome", outcome.as_str());
         }
         #[cfg(feature = "metrics")]
-        metrics::counter!(REQUESTS_TOTAL, "outcome" => outcome.as_str()).increment(1);
+        metrics::counter!(
+            REQUESTS_TOTAL,
+            "outcome" => outcome.as_str(),
+            "http.route" => self.route.to_string()
+        )
+        .increment(1);
         #[cfg(not(feature = "metrics"))]
         let _ = outcome;
     }
@@ -210,7 +261,7 @@ pub fn describe_metrics() {
     describe_counter!(
         REQUESTS_TOTAL,
         Unit::Count,
-        "Requests guarded by the idempotency layer, by final outcome (sums to the guarded requests)."
+        "Requests guarded by the idempotency layer, by final outcome and matched route (sums to the guarded requests)."
     );
     describe_histogram!(
         STORE_DURATION,
@@ -221,6 +272,26 @@ pub fn describe_metrics() {
         LEASE_RENEWALS_TOTAL,
         Unit::Count,
         "Lease renewals by the heartbeat of running attempts."
+    );
+    describe_counter!(
+        TAKEOVERS_TOTAL,
+        Unit::Count,
+        "Running records whose holder stopped renewing its lease, claimed again by a retry, by matched route."
+    );
+    describe_counter!(
+        SWEPT_TOTAL,
+        Unit::Count,
+        "Expired idempotency records deleted by the sweeper, by store."
+    );
+    describe_counter!(
+        SWEEP_ROUNDS_TOTAL,
+        Unit::Count,
+        "Sweeper rounds, by store and result (ok, error)."
+    );
+    metrics::describe_gauge!(
+        SWEEP_ROUND_BATCHES,
+        Unit::Count,
+        "Batches the last sweeper round needed: 1 when it keeps up, more while a backlog clears."
     );
 }
 
@@ -244,6 +315,27 @@ impl std::fmt::Display for Chain<'_> {
 pub(crate) fn renewed() {
     #[cfg(feature = "metrics")]
     metrics::counter!(LEASE_RENEWALS_TOTAL).increment(1);
+}
+
+/// Count one takeover of a lapsed lease.
+pub(crate) fn taken_over(route: &str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(TAKEOVERS_TOTAL, "http.route" => route.to_owned()).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = route;
+}
+
+/// Count one sweeper round: `deleted` records in `batches` statements, or a failure.
+pub(crate) fn swept(store: &'static str, deleted: u64, batches: u64, failed: bool) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!(SWEPT_TOTAL, "store" => store).increment(deleted);
+        let result = if failed { "error" } else { "ok" };
+        metrics::counter!(SWEEP_ROUNDS_TOTAL, "store" => store, "result" => result).increment(1);
+        metrics::gauge!(SWEEP_ROUND_BATCHES, "store" => store).set(batches as f64);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (store, deleted, batches, failed);
 }
 
 /// The first 16 hex digits of a key hash: enough to find the record, short in a log line.

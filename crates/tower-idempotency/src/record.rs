@@ -4,8 +4,25 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::{body::ResponseBody, store::StoredResponse};
 
-/// The header added to every replayed response.
+/// The header added to every replayed response by default (rename it with
+/// [`with_replay_header`](crate::Idempotency::with_replay_header)).
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Marks the saved stand-in of an answer whose body was over the saved-body limit (see
+/// [`with_saved_body_limit`](crate::Idempotency::with_saved_body_limit)): a retry gets the
+/// first answer's status and headers, an empty body, and `Idempotent-Body-Not-Kept: true`.
+pub const BODY_NOT_KEPT_HEADER: HeaderName = HeaderName::from_static("idempotent-body-not-kept");
+
+/// The headers that describe a body, dropped from the stand-in of a body that was not kept.
+pub(crate) const BODY_HEADERS: [HeaderName; 7] = [
+    header::CONTENT_LENGTH,
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_RANGE,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::ACCEPT_RANGES,
+];
 
 /// Decides whether a handler's response is saved (and replayed to retries) or the key is released
 /// (and a retry runs the handler again).
@@ -105,14 +122,17 @@ pub(crate) fn saved_headers(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// The replay of a saved response: its status, headers, body and trailers, plus
-/// `Idempotent-Replayed: true`.
-pub(crate) fn replay<B>(saved: StoredResponse) -> Response<ResponseBody<B>> {
+/// `{replay_header}: true` (`Idempotent-Replayed: true` by default).
+pub(crate) fn replay<B>(
+    saved: StoredResponse,
+    replay_header: &HeaderName,
+) -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::with_trailers(saved.body, saved.trailers));
     *response.status_mut() = saved.status;
     *response.headers_mut() = saved.headers;
     response
         .headers_mut()
-        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+        .insert(replay_header.clone(), HeaderValue::from_static("true"));
     response
 }
 

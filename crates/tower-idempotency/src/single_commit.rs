@@ -10,7 +10,7 @@
 //! async fn create_order(tx: IdempotencyTransaction<Postgres>) -> Result<&'static str, String> {
 //!     let mut tx = tx.begin().await.map_err(|e| e.to_string())?; // already open: no round trip
 //!     sqlx::query("INSERT INTO orders (total_cents) VALUES (4000)")
-//!         .execute(&mut **tx)
+//!         .execute(&mut *tx)
 //!         .await
 //!         .map_err(|e| e.to_string())?;
 //!     Ok("created") // saved in the same transaction, then one COMMIT

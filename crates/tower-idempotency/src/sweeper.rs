@@ -100,7 +100,9 @@ impl Drop for Sweeper {
 /// One round: sweep batch after batch while they come back full. Returns how many were deleted.
 async fn sweep_backlog<St: Store>(store: &St, batch: u32) -> u64 {
     let mut total = 0;
+    let mut batches = 0;
     loop {
+        batches += 1;
         match crate::observe::timed(store.name(), "sweep", store.sweep(batch)).await {
             Ok(deleted) => {
                 total += deleted;
@@ -108,12 +110,14 @@ async fn sweep_backlog<St: Store>(store: &St, batch: u32) -> u64 {
                     if total > 0 {
                         tracing::debug!(target: "tower_idempotency", deleted = total, "swept expired idempotency records");
                     }
+                    crate::observe::swept(store.name(), total, batches, false);
                     return total;
                 }
                 tokio::task::yield_now().await;
             }
             Err(err) => {
                 tracing::warn!(target: "tower_idempotency", error = %crate::observe::Chain(&err), "sweeping expired idempotency records failed; trying again next tick");
+                crate::observe::swept(store.name(), total, batches, true);
                 return total;
             }
         }

@@ -9,7 +9,7 @@
 //! async fn create_order(tx: IdempotencyTransaction<Postgres>) -> Result<&'static str, String> {
 //!     let mut tx = tx.begin().await.map_err(|e| e.to_string())?;
 //!     sqlx::query("INSERT INTO orders (total_cents) VALUES (4000)")
-//!         .execute(&mut **tx)
+//!         .execute(&mut *tx)
 //!         .await
 //!         .map_err(|e| e.to_string())?;
 //!     Ok("created") // the layer saves this answer in the same transaction, then commits
@@ -98,13 +98,15 @@ impl<DB: sqlx::Database> fmt::Debug for IdempotencyTransaction<DB> {
     }
 }
 
-/// A locked handle on the open transaction: `&mut **guard` is an executor.
+/// A locked handle on the open transaction. It derefs to the transaction's connection, so
+/// `&mut *guard` is an executor (as `&mut *tx` is for a `sqlx::Transaction`), and a savepoint is
+/// `sqlx::Acquire::begin(&mut *guard)`.
 ///
 /// Hold it only while writing; the layer takes the transaction back after the handler answers.
 pub struct TransactionGuard<DB: sqlx::Database>(OwnedMutexGuard<TxState<DB>>);
 
 impl<DB: sqlx::Database> std::ops::Deref for TransactionGuard<DB> {
-    type Target = sqlx::Transaction<'static, DB>;
+    type Target = DB::Connection;
 
     fn deref(&self) -> &Self::Target {
         match &*self.0 {

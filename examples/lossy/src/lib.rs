@@ -5,9 +5,10 @@
 //! code).
 //!
 //! The orders API (`orders_api::app`, transactional mode) runs in-process on 127.0.0.1 over a
-//! SQLite file in a temporary directory. Between it and the clients sits [`proxy::LossyProxy`]:
-//! for a share of requests it lets the server do the work and then closes the connection
-//! instead of answering. Each client places the same number of orders, each order (intent) with
+//! SQLite file in a temporary directory. Between it and the clients sits a [`FaultProxy`] that
+//! [loses answers](FaultProxy::lose_answers): for a share of requests it lets the server do the
+//! work and then closes the connection instead of answering. The client sees the invisible
+//! failure: the same error as a network that lost the answer. Each client places the same number of orders, each order (intent) with
 //! its own `customerId`, so the orders in the database minus the intents are the duplicates.
 //!
 //! A seed gives the same figures on every run, whatever the concurrency: the proxy draws once per
@@ -17,18 +18,17 @@
 //! what a lost answer costs differs. The expected value and spread are in [`stats`].
 
 pub mod clients;
-pub mod proxy;
 pub mod report;
 pub mod stats;
 
 use std::{net::SocketAddr, time::Duration};
 
+use fault_proxy::FaultProxy;
 use futures_util::{stream, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use orders_api::Db;
 
 use clients::{IdempotentClient, NaiveClient, PlaceOrder};
-use proxy::{LossyProxy, ProxySettings};
 pub use report::{ClientReport, Report};
 
 /// Orders per client when not given.
@@ -39,7 +39,7 @@ pub const DEFAULT_LOSS_RATE: f64 = 0.1;
 pub const DEFAULT_SEED: u64 = 7;
 /// Orders in flight at once per client when not given.
 pub const DEFAULT_CONCURRENCY: usize = 8;
-/// How long a run may take at most; the proxy stops by then whatever happens.
+/// How long each client's part of a run may take at most; it fails after that.
 pub const MAX_RUN_TIME: Duration = Duration::from_secs(600);
 
 /// One run's parameters.
@@ -100,40 +100,36 @@ async fn drive<C: PlaceOrder>(
     make: impl FnOnce(&str) -> C,
     db: &Db,
 ) -> Result<ClientReport, BoxError> {
-    let proxy = LossyProxy::start(
-        api,
-        ProxySettings {
-            loss_rate: settings.loss_rate,
-            seed: settings.seed,
-            // Far above what the attempts can reach: a bound, never a limit in practice.
-            max_requests: settings.orders * u64::from(clients::MAX_ATTEMPTS),
-            max_lifetime: MAX_RUN_TIME,
-        },
-    )
-    .await?;
+    let proxy = FaultProxy::start(api).await?;
+    proxy.lose_answers(settings.loss_rate, settings.seed);
     let client = make(&format!("http://{}", proxy.addr()));
     let bar = progress_bar(name, settings);
-    let placed: Vec<_> = stream::iter(0..settings.orders)
-        .map(|i| {
-            let client = &client;
-            let bar = &bar;
-            async move {
-                let placed = client.place(&format!("{name}-{i}"), 1_000 + i as i64).await;
-                bar.inc(1);
-                placed
-            }
-        })
-        .buffer_unordered(settings.concurrency.max(1))
-        .collect()
-        .await;
+    // Each intent sends at most MAX_ATTEMPTS requests; the time bound ends a run that hangs.
+    let placed: Vec<_> = tokio::time::timeout(
+        MAX_RUN_TIME,
+        stream::iter(0..settings.orders)
+            .map(|i| {
+                let client = &client;
+                let bar = &bar;
+                async move {
+                    let placed = client.place(&format!("{name}-{i}"), 1_000 + i as i64).await;
+                    bar.inc(1);
+                    placed
+                }
+            })
+            .buffer_unordered(settings.concurrency.max(1))
+            .collect(),
+    )
+    .await
+    .map_err(|_| format!("the {name} client did not finish within {MAX_RUN_TIME:?}"))?;
     bar.finish_and_clear();
+    let dropped = proxy.traffic().answers_lost;
     let (orders, customers) = count_orders(db, name).await?;
-    let stats = proxy.stats();
     Ok(ClientReport {
         intents: settings.orders,
         attempts: placed.iter().map(|p| u64::from(p.attempts)).sum(),
         failed: placed.iter().filter(|p| !p.created).count() as u64,
-        dropped: stats.dropped,
+        dropped,
         orders,
         duplicates: orders - customers,
     })
@@ -159,10 +155,18 @@ fn progress_bar(name: &str, settings: &Settings) -> ProgressBar {
 async fn count_orders(db: &Db, name: &str) -> Result<(u64, u64), BoxError> {
     const COUNT: &str =
         "SELECT COUNT(*), COUNT(DISTINCT customer_id) FROM orders WHERE customer_id LIKE $1";
+    const COUNT_MYSQL: &str =
+        "SELECT COUNT(*), COUNT(DISTINCT customer_id) FROM orders WHERE customer_id LIKE ?";
     let pattern = format!("{name}-%");
     let (orders, customers): (i64, i64) = match db {
         Db::Sqlite(pool) => sqlx::query_as(COUNT).bind(&pattern).fetch_one(pool).await?,
         Db::Postgres(pool) => sqlx::query_as(COUNT).bind(&pattern).fetch_one(pool).await?,
+        Db::MySql(pool) => {
+            sqlx::query_as(COUNT_MYSQL)
+                .bind(&pattern)
+                .fetch_one(pool)
+                .await?
+        }
     };
     Ok((orders.try_into()?, customers.try_into()?))
 }

@@ -1,8 +1,10 @@
-//! The SQL the handlers run, for PostgreSQL and SQLite.
+//! The SQL the handlers run, for PostgreSQL, SQLite and MySQL.
 //!
-//! The statements are the same text for both (`$N` placeholders work in each); only the sqlx
-//! types differ, so one macro writes both implementations. The idempotency layer itself is built
-//! in plain view, once per database, in `postgres_app` and `sqlite_app` (lib.rs).
+//! The statements are the same text for PostgreSQL and SQLite (`$N` placeholders work in each);
+//! MySQL numbers its `?` by position, so it gets its own [`Statements`]. Only the SQL text and the
+//! sqlx types differ, so one macro writes every implementation. The idempotency layer itself is
+//! built in plain view, once per database, in `postgres_app`, `sqlite_app` and `mysql_app`
+//! (lib.rs).
 //!
 //! Why not one runtime-chosen store (`tower_idempotency::store::DynStore`, used by
 //! [`crate::sweeper`])? Transactional mode hands the handler a transaction of the database's own
@@ -13,7 +15,7 @@ use std::future::Future;
 
 use sqlx::{Pool, Row};
 use tower_idempotency::{
-    store::{postgres::PostgresStore, sqlite::SqliteStore, TransactionalStore},
+    store::{mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, TransactionalStore},
     IdempotencyTransaction,
 };
 
@@ -22,12 +24,31 @@ use crate::routes::Order;
 /// The most orders `GET /orders?customerId=` returns.
 pub(crate) const LIST_LIMIT: i64 = 1000;
 
-const INSERT_ORDER: &str =
-    "INSERT INTO orders (order_id, customer_id, total_cents, status) VALUES ($1, $2, $3, $4)";
-const FIND_ORDER: &str =
-    "SELECT order_id, customer_id, total_cents, status FROM orders WHERE order_id = $1";
-const ORDERS_OF: &str = "SELECT order_id, customer_id, total_cents, status FROM orders \
-     WHERE customer_id = $1 ORDER BY created_at, order_id LIMIT $2";
+/// The statements of one SQL dialect; each binds its parameters in the same order.
+struct Statements {
+    insert_order: &'static str,
+    find_order: &'static str,
+    orders_of: &'static str,
+}
+
+/// PostgreSQL and SQLite: `$N` placeholders.
+const NUMBERED: Statements = Statements {
+    insert_order:
+        "INSERT INTO orders (order_id, customer_id, total_cents, status) VALUES ($1, $2, $3, $4)",
+    find_order: "SELECT order_id, customer_id, total_cents, status FROM orders WHERE order_id = $1",
+    orders_of: "SELECT order_id, customer_id, total_cents, status FROM orders \
+         WHERE customer_id = $1 ORDER BY created_at, order_id LIMIT $2",
+};
+
+/// MySQL: positional `?` placeholders, in the same order.
+const POSITIONAL: Statements = Statements {
+    insert_order:
+        "INSERT INTO orders (order_id, customer_id, total_cents, status) VALUES (?, ?, ?, ?)",
+    find_order: "SELECT order_id, customer_id, total_cents, status FROM orders WHERE order_id = ?",
+    orders_of: "SELECT order_id, customer_id, total_cents, status FROM orders \
+         WHERE customer_id = ? ORDER BY created_at, order_id LIMIT ?",
+};
+
 const PING: &str = "SELECT 1";
 
 /// A database the orders API runs on: its idempotency store and its queries.
@@ -58,7 +79,7 @@ pub(crate) trait Backend: sqlx::Database {
 }
 
 macro_rules! backend {
-    ($db:ty, $store:ty, $row:ty) => {
+    ($db:ty, $store:ty, $row:ty, $sql:expr) => {
         impl Backend for $db {
             type Store = $store;
 
@@ -67,12 +88,12 @@ macro_rules! backend {
                 order: &Order,
             ) -> Result<(), sqlx::Error> {
                 let mut tx = tx.begin().await?;
-                sqlx::query(INSERT_ORDER)
+                sqlx::query($sql.insert_order)
                     .bind(&order.order_id)
                     .bind(&order.customer_id)
                     .bind(order.total_cents)
                     .bind(&order.status)
-                    .execute(&mut **tx)
+                    .execute(&mut *tx)
                     .await?;
                 Ok(())
             }
@@ -81,7 +102,7 @@ macro_rules! backend {
                 pool: &Pool<Self>,
                 order_id: &str,
             ) -> Result<Option<Order>, sqlx::Error> {
-                let row = sqlx::query(FIND_ORDER)
+                let row = sqlx::query($sql.find_order)
                     .bind(order_id)
                     .fetch_optional(pool)
                     .await?;
@@ -92,7 +113,7 @@ macro_rules! backend {
                 pool: &Pool<Self>,
                 customer_id: &str,
             ) -> Result<Vec<Order>, sqlx::Error> {
-                let rows = sqlx::query(ORDERS_OF)
+                let rows = sqlx::query($sql.orders_of)
                     .bind(customer_id)
                     .bind(LIST_LIMIT)
                     .fetch_all(pool)
@@ -127,5 +148,11 @@ fn order_from_row(row: &impl OrderRow) -> Result<Order, sqlx::Error> {
     row.order()
 }
 
-backend!(sqlx::Postgres, PostgresStore, sqlx::postgres::PgRow);
-backend!(sqlx::Sqlite, SqliteStore, sqlx::sqlite::SqliteRow);
+backend!(
+    sqlx::Postgres,
+    PostgresStore,
+    sqlx::postgres::PgRow,
+    NUMBERED
+);
+backend!(sqlx::Sqlite, SqliteStore, sqlx::sqlite::SqliteRow, NUMBERED);
+backend!(sqlx::MySql, MySqlStore, sqlx::mysql::MySqlRow, POSITIONAL);

@@ -61,7 +61,8 @@ impl Default for ServerConfig {
 /// Everything the binary reads from its environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
-    /// `DATABASE_URL`: `postgres://...` or `sqlite://...`; `None` for the default SQLite file.
+    /// `DATABASE_URL`: `postgres://...`, `mysql://...` or `sqlite://...`; `None` for the default
+    /// SQLite file.
     pub database_url: Option<String>,
     /// `BIND_ADDR` (default `127.0.0.1:3000`; port 0 picks a free port).
     pub bind_addr: SocketAddr,
@@ -86,12 +87,12 @@ impl Settings {
         let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let database_url = get("DATABASE_URL");
         if let Some(url) = &database_url {
-            let known = ["postgres://", "postgresql://", "sqlite:"];
+            let known = ["postgres://", "postgresql://", "mysql://", "sqlite:"];
             if !known.iter().any(|prefix| url.starts_with(prefix)) {
                 return Err(ConfigError::new(
                     "DATABASE_URL",
                     url,
-                    "a postgres://... or sqlite://... URL (unset: the SQLite file orders.db)",
+                    "a postgres://..., mysql://... or sqlite://... URL (unset: the SQLite file orders.db)",
                 ));
             }
         }
@@ -289,7 +290,7 @@ mod tests {
             ("MAX_CONNECTIONS", "0"),
             ("HEADER_READ_TIMEOUT_MS", "0"),
             ("BODY_TIMEOUT_MS", "ten"),
-            ("DATABASE_URL", "mysql://x"),
+            ("DATABASE_URL", "oracle://x"),
         ] {
             let err = settings(&[(name, value)]).unwrap_err();
             assert_eq!(err.variable, name);

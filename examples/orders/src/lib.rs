@@ -2,7 +2,7 @@
 //!
 //! Run with: `cargo run --release -p orders-api` (see `src/main.rs` for the environment).
 //!
-//! [`app`] builds the real router on PostgreSQL or SQLite, so the integration tests drive the
+//! [`app`] builds the real router on PostgreSQL, MySQL (MariaDB) or SQLite, so the integration tests drive the
 //! same code the binary serves:
 //!
 //! ```no_run
@@ -41,13 +41,14 @@ use axum::{
 };
 use sqlx::{
     migrate::{Migration, MigrationType, Migrator},
+    mysql::{MySql, MySqlConnectOptions, MySqlPool, MySqlPoolOptions},
     postgres::{PgConnectOptions, PgPoolOptions, Postgres},
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
     ConnectOptions, Connection, PgPool, Pool, SqlSafeStr, Sqlite, SqlitePool,
 };
 use tokio::sync::Semaphore;
 use tower_idempotency::{
-    store::{postgres::PostgresStore, sqlite::SqliteStore, DynStore},
+    store::{mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, DynStore},
     Idempotency, Sweeper, Transactional,
 };
 
@@ -80,6 +81,8 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// Connections the PostgreSQL pool keeps at most.
 const PG_MAX_CONNECTIONS: u32 = 16;
+/// Connections the MySQL pool keeps at most.
+const MYSQL_MAX_CONNECTIONS: u32 = 16;
 /// Connections the SQLite pool keeps at most (one writer at a time; readers in parallel in WAL).
 const SQLITE_MAX_CONNECTIONS: u32 = 8;
 /// How long a statement waits for SQLite's write lock before failing.
@@ -92,10 +95,12 @@ pub enum Db {
     Postgres(PgPool),
     /// SQLite: embedded, single node.
     Sqlite(SqlitePool),
+    /// MySQL 8 or MariaDB (InnoDB): several instances on one database.
+    MySql(MySqlPool),
 }
 
 impl Db {
-    /// Connect to `url` (`postgres://...` or `sqlite://...`), or, when `None`, open (and create if
+    /// Connect to `url` (`postgres://...`, `mysql://...` or `sqlite://...`), or, when `None`, open (and create if
     /// missing) the SQLite file [`DEFAULT_SQLITE_FILE`] in the working directory.
     ///
     /// SQLite is opened in WAL mode with a busy timeout, so readers do not block the writer.
@@ -137,8 +142,20 @@ impl Db {
                         .await?,
                 ))
             }
+            Some(url) if url.starts_with("mysql:") => {
+                let opts = MySqlConnectOptions::from_str(url)?;
+                // As for PostgreSQL: a refused server is its own error, not a pool timeout.
+                opts.connect().await?.close().await?;
+                Ok(Db::MySql(
+                    MySqlPoolOptions::new()
+                        .max_connections(MYSQL_MAX_CONNECTIONS)
+                        .acquire_timeout(Duration::from_secs(5))
+                        .connect_with(opts)
+                        .await?,
+                ))
+            }
             Some(_) => Err(sqlx::Error::Configuration(
-                "DATABASE_URL must start with postgres:// or sqlite://".into(),
+                "DATABASE_URL must start with postgres://, mysql:// or sqlite://".into(),
             )),
         }
     }
@@ -160,6 +177,12 @@ impl Db {
                     .run(pool)
                     .await?;
             }
+            Db::MySql(pool) => {
+                MySqlStore::new(pool.clone()).migrate().await?;
+                migrator(include_str!("../migrations/mysql/0001_orders.sql"))
+                    .run(pool)
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -169,6 +192,7 @@ impl Db {
         match self {
             Db::Postgres(pool) => pool.close().await,
             Db::Sqlite(pool) => pool.close().await,
+            Db::MySql(pool) => pool.close().await,
         }
     }
 
@@ -180,14 +204,16 @@ impl Db {
         match self {
             Db::Postgres(pool) => DynStore::new(PostgresStore::new(pool.clone())),
             Db::Sqlite(pool) => DynStore::new(SqliteStore::new(pool.clone())),
+            Db::MySql(pool) => DynStore::new(MySqlStore::new(pool.clone())),
         }
     }
 
-    /// `"postgres"` or `"sqlite"`, for logs.
+    /// `"postgres"`, `"sqlite"` or `"mysql"`, for logs.
     pub fn kind(&self) -> &'static str {
         match self {
             Db::Postgres(_) => "postgres",
             Db::Sqlite(_) => "sqlite",
+            Db::MySql(_) => "mysql",
         }
     }
 }
@@ -213,6 +239,7 @@ pub fn app(db: Db, config: Config) -> Router {
     match db {
         Db::Postgres(pool) => postgres_app(pool, &config),
         Db::Sqlite(pool) => sqlite_app(pool, &config),
+        Db::MySql(pool) => mysql_app(pool, &config),
     }
 }
 
@@ -229,6 +256,16 @@ fn postgres_app(pool: Pool<Postgres>, config: &Config) -> Router {
 /// The orders API on SQLite.
 fn sqlite_app(pool: Pool<Sqlite>, config: &Config) -> Router {
     let idempotency = Idempotency::sqlite(pool.clone())
+        .with_lease(config.lease)
+        .with_ttl(config.ttl)
+        .with_body_timeout(config.body_timeout)
+        .transactional();
+    router(pool, idempotency, config)
+}
+
+/// The orders API on MySQL or MariaDB.
+fn mysql_app(pool: Pool<MySql>, config: &Config) -> Router {
+    let idempotency = Idempotency::mysql(pool.clone())
         .with_lease(config.lease)
         .with_ttl(config.ttl)
         .with_body_timeout(config.body_timeout)

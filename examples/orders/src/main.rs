@@ -3,7 +3,8 @@
 //! The reference orders API, `POST /orders` guarded by tower-idempotency in transactional mode.
 //!
 //! ```text
-//! DATABASE_URL          postgres://... or sqlite://...   (default: SQLite file orders.db here)
+//! DATABASE_URL          postgres://..., mysql://... (MySQL 8, MariaDB) or sqlite://...
+//!                       (default: SQLite file orders.db here)
 //! BIND_ADDR             127.0.0.1:3000                   (port 0: any free port)
 //! PAYMENT_LATENCY_MS    0       simulated payment provider latency, before the order is written
 //! IDEMPOTENCY_LEASE_MS  30000   a crashed attempt's key frees after this
@@ -15,6 +16,8 @@
 //! MAX_CONNECTIONS       1024    connections served at once; more wait in the backlog
 //! SHUTDOWN_GRACE_MS     10000   after SIGTERM/SIGINT, running requests get this long
 //! RUST_LOG              info
+//! LOG_FORMAT            text    `json`: one JSON object per line, with the span fields
+//!                               (http.route, idempotency.key_hash, outcome, request_id)
 //! ```
 //!
 //! Try it:
@@ -33,12 +36,25 @@ use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match std::env::var("LOG_FORMAT").as_deref() {
+        Ok("json") => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+        Ok("text") | Err(_) => logs.init(),
+        Ok(other) => {
+            logs.init();
+            tracing::warn!(
+                format = ?other,
+                "LOG_FORMAT is `text` or `json`; logging as text"
+            );
+        }
+    }
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -34,12 +34,9 @@ pub(crate) struct OrderListDocument {
     post,
     path = "/orders",
     request_body = NewOrder,
-    params(("Idempotency-Key" = String, Header, description = "One key per order: resend it on every retry")),
     responses(
         (status = 201, description = "Created (or the replay of the first answer, with Idempotent-Replayed: true)", body = Order),
-        (status = 400, description = "Invalid order or missing key", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "The first attempt with this key is still running", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used for a different order", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 400, description = "The order is invalid (the detail says what to fix; the key can be reused for the corrected order)", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 503, description = "The database is unavailable", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
@@ -50,10 +47,11 @@ fn create_order() {}
 #[utoipa::path(
     get,
     path = "/orders/{orderId}",
-    params(("orderId" = String, Path, description = "The order id")),
+    params(("orderId" = String, Path, description = "The order id (a UUID; any other id is a 404)")),
     responses(
-        (status = 200, body = Order),
-        (status = 404, body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 200, description = "The order", body = Order),
+        (status = 404, description = "No order has this id", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 #[allow(dead_code)]
@@ -63,19 +61,24 @@ fn get_order() {}
 #[utoipa::path(
     get,
     path = "/orders",
-    params(("customerId" = String, Query, description = "The customer")),
+    params(("customerId" = String, Query, min_length = 1, pattern = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$", description = "The customer: not empty, not only whitespace, no control characters")),
     responses(
-        (status = 200, body = OrderListDocument),
-        (status = 400, body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 200, description = "The customer's orders", body = OrderListDocument),
+        (status = 400, description = "`customerId` is missing or invalid", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "The database is unavailable", body = ProblemDocument, content_type = "application/problem+json"),
     )
 )]
 #[allow(dead_code)]
 fn list_orders() {}
 
 /// 200 when the database answers, 503 otherwise.
-#[utoipa::path(get, path = "/healthz", responses((status = 200), (status = 503)))]
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "The database answers"), (status = 503, description = "The database does not answer", body = ProblemDocument, content_type = "application/problem+json")))]
 #[allow(dead_code)]
 fn healthz() {}
+
+/// The operations behind the idempotency layer.
+const IDEMPOTENCY: tower_idempotency::openapi::IdempotencyDoc =
+    tower_idempotency::openapi::IdempotencyDoc::paths(&["/orders"]);
 
 /// The API's OpenAPI document.
 #[derive(OpenApi)]
@@ -85,6 +88,9 @@ fn healthz() {}
         description = "The reference orders API behind tower-idempotency."
     ),
     paths(create_order, get_order, list_orders, healthz),
+    // `POST /orders` is behind the idempotency layer: its header and answers (400, 408, 409,
+    // 413, 422, 500, 503) come from the library.
+    modifiers(&IDEMPOTENCY),
     components(schemas(Order, NewOrder, ProblemDocument, OrderListDocument))
 )]
 #[derive(Debug)]
@@ -93,4 +99,42 @@ pub struct ApiDoc;
 /// `GET /openapi.json`.
 pub(crate) async fn document() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn post_orders_documents_the_key_and_every_answer_of_the_layer() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let post = &doc["paths"]["/orders"]["post"];
+        let key = &post["parameters"][0];
+        assert_eq!(key["name"], "Idempotency-Key");
+        assert_eq!(key["in"], "header");
+        assert_eq!(key["required"], true);
+        assert_eq!(key["schema"]["maxLength"], 255);
+        for status in ["201", "400", "408", "409", "413", "422", "500", "503"] {
+            assert!(
+                post["responses"][status].is_object(),
+                "{status} undocumented"
+            );
+        }
+        for status in ["409", "503"] {
+            assert!(
+                post["responses"][status]["headers"]["Retry-After"].is_object(),
+                "{status} without Retry-After"
+            );
+        }
+        assert_eq!(
+            post["responses"]["422"]["content"]["application/problem+json"]["schema"]["$ref"],
+            "#/components/schemas/IdempotencyProblem"
+        );
+        // The GET routes are not behind the layer: no key header there.
+        assert!(doc["paths"]["/orders"]["get"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["name"] != "Idempotency-Key"));
+    }
 }

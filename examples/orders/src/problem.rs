@@ -52,7 +52,9 @@ impl DbFault {
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Protocol(_) => DbFault::Unavailable,
             sqlx::Error::Database(db) => {
-                if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                    mysql_fault(my.number())
+                } else if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
                     let code = pg.code();
                     if code.starts_with("22") || code.starts_with("23") {
                         DbFault::Input
@@ -75,6 +77,39 @@ impl DbFault {
             }
             _ => DbFault::Server,
         }
+    }
+}
+
+/// A MySQL or MariaDB error number, sorted as the idempotency store sorts it (deadlocks, lock
+/// wait timeouts, connection limits, a full disk, read-only and shutdown are outages); a value
+/// the schema refuses is the client's input.
+fn mysql_fault(number: u16) -> DbFault {
+    match number {
+        // data too long, incorrect value, out of range, truncated, NULL in NOT NULL, duplicate
+        // key, foreign key, CHECK (MySQL 3819, MariaDB 4025)
+        1406 | 1366 | 1264 | 1292 | 1048 | 1062 | 1452 | 3819 | 4025 => DbFault::Input,
+        1213
+        | 1205
+        | 1040
+        | 1203
+        | 1637
+        | 1037
+        | 1038
+        | 1041
+        | 1021
+        | 1114
+        | 1053
+        | 1077
+        | 1317
+        | 1927
+        | 1158..=1161
+        | 1152
+        | 1290
+        | 1792
+        | 1836
+        | 3024
+        | 1969 => DbFault::Unavailable,
+        _ => DbFault::Server,
     }
 }
 

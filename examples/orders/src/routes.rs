@@ -55,10 +55,44 @@ pub struct Order {
     expecting = r#"a JSON object like {"customerId": "c_1", "totalCents": 4000}"#
 )]
 pub struct NewOrder {
-    /// Who places the order: 1 to 255 characters, not only whitespace.
+    /// Who places the order: 1 to 255 characters, not only whitespace, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$"
+    )]
     pub customer_id: String,
-    /// The amount in cents: a whole number, at least 1.
+    /// The amount in cents: a whole number, at least 1. `4000.0` is the same number as `4000` in
+    /// JSON (and in JSON Schema's `integer`), so it is accepted too.
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    #[serde(deserialize_with = "whole_number")]
     pub total_cents: i64,
+}
+
+/// An `i64` written as an integer or as a number with no fractional part (`4000.0`).
+fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    struct Whole;
+    impl serde::de::Visitor<'_> for Whole {
+        type Value = i64;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a whole number of cents")
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<i64, E> {
+            Ok(v)
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<i64, E> {
+            i64::try_from(v).map_err(|_| E::custom(format!("{v} is too large")))
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<i64, E> {
+            // i64::MAX as f64 rounds up to 2^63, which is out of range: hence `<`.
+            if v.fract() == 0.0 && v >= i64::MIN as f64 && v < i64::MAX as f64 {
+                Ok(v as i64)
+            } else {
+                Err(E::invalid_type(serde::de::Unexpected::Float(v), &self))
+            }
+        }
+    }
+    deserializer.deserialize_any(Whole)
 }
 
 impl<S: Send + Sync> FromRequest<S> for NewOrder {
@@ -361,6 +395,12 @@ mod tests {
                 "{content_type:?}"
             );
         }
+        let as_float = r#"{"customerId": "c_1", "totalCents": 4000.0}"#;
+        assert_eq!(
+            parse(None, as_float).await.unwrap(),
+            expected,
+            "4000.0 is 4000"
+        );
         let with_extra = r#"{"customerId": "c_1", "totalCents": 4000, "note": "gift"}"#;
         assert_eq!(
             parse(None, with_extra).await.unwrap(),
@@ -404,6 +444,11 @@ mod tests {
             (
                 Some("application/json"),
                 r#"{"customerId": "c_1", "totalCents": 40.5}"#,
+                "totalCents: invalid type",
+            ),
+            (
+                Some("application/json"),
+                r#"{"customerId": "c_1", "totalCents": 1e300}"#,
                 "totalCents: invalid type",
             ),
             (

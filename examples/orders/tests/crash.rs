@@ -5,7 +5,8 @@
 //! second instance must then take the key over once the lease lapses and create exactly one
 //! order.
 //!
-//! Needs `DATABASE_URL` (a PostgreSQL server the test may create databases on).
+//! Needs `DATABASE_URL` (a PostgreSQL server the test may create databases on) and `MYSQL_URL`
+//! (a MySQL or MariaDB server, likewise).
 
 mod common;
 
@@ -22,6 +23,7 @@ const BODY: &str = r#"{"customerId": "c_crash", "totalCents": 4000}"#;
 enum Probe {
     Postgres(sqlx::PgPool),
     Sqlite(sqlx::SqlitePool),
+    MySql(sqlx::MySqlPool),
 }
 
 impl Probe {
@@ -30,6 +32,7 @@ impl Probe {
         match self {
             Probe::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
             Probe::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+            Probe::MySql(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
         }
         .unwrap_or_else(|e| panic!("count {table}: {e}"))
     }
@@ -44,6 +47,17 @@ async fn fresh_postgres() -> (String, Probe) {
         .await
         .expect("connect to the test database");
     (db.url, Probe::Postgres(pool))
+}
+
+/// A fresh MySQL database: its URL and a pool on it.
+async fn fresh_mysql() -> (String, Probe) {
+    let (url, options) = common::fresh_mysql("orders_crash").await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options)
+        .await
+        .expect("connect to the test database");
+    (url, Probe::MySql(pool))
 }
 
 /// A fresh SQLite file: its URL and a pool on it (opened once the binary created it).
@@ -204,4 +218,10 @@ async fn sqlite_crash_during_payment_leaves_no_order() {
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_crash_during_payment_leaves_no_order() {
+    let (url, probe) = fresh_mysql().await;
+    killed_during_payment_leaves_no_order_and_the_retry_creates_one(&url, async || probe).await;
 }

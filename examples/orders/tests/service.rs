@@ -56,11 +56,11 @@ async fn metrics_count_the_final_outcome_of_each_guarded_request() {
         .starts_with("text/plain"));
     let text = response.text().await.unwrap();
     assert!(
-        text.contains(r#"idempotency_requests_total{outcome="saved"} 1"#),
+        text.contains(r#"idempotency_requests_total{outcome="saved",http_route="/orders"} 1"#),
         "{text}"
     );
     assert!(
-        text.contains(r#"idempotency_requests_total{outcome="replayed"} 1"#),
+        text.contains(r#"idempotency_requests_total{outcome="replayed",http_route="/orders"} 1"#),
         "{text}"
     );
     assert!(text.contains("# HELP idempotency_requests_total"), "{text}");

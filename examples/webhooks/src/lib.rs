@@ -1,17 +1,22 @@
 //! A webhook receiver that checks each delivery's signature and applies each event once.
 //!
-//! Run with: `WEBHOOK_SECRET=whsec_dev cargo run -p webhooks-example` (see `src/main.rs`).
+//! Run with: `WEBHOOK_SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw cargo run -p webhooks-example`
+//! (see `src/main.rs`).
 //!
 //! Payment providers sign their webhooks and redeliver them until they get a 2xx, so the same
 //! event can arrive twice, out of order, or twice at the same moment. This receiver:
 //!
-//! 1. verifies `Webhook-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">` in
-//!    constant time, and refuses a missing, wrong or stale one (default tolerance 5 minutes)
-//!    with 401 `application/problem+json`, before reading the event;
-//! 2. applies the event through
-//!    [`tower_idempotency_consumer::sqlite::process_once`]: the `processed_events` row and the
-//!    `payments` update commit in one transaction, so a redelivery is a no-op and a failure
-//!    leaves nothing behind for the redelivery to trip on;
+//! 1. verifies the signature, in constant time, under its scheme's own headers
+//!    ([`signature`]): [Standard Webhooks](signature::standard) on `POST /webhooks/payments`
+//!    (`webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64>`, `whsec_` secrets),
+//!    and [Stripe's](signature::stripe) `Stripe-Signature: t=..,v1=..` on
+//!    `POST /webhooks/stripe` when a Stripe secret is configured. A missing, wrong or stale
+//!    signature (default tolerance 5 minutes) is 401 `application/problem+json`, before the
+//!    event is read;
+//! 2. applies the event through [`SqliteConsumer`], keyed by the **delivery id** (`webhook-id`;
+//!    for Stripe, the event's `id`): the `processed_events` row and the `payments` update commit
+//!    in one transaction, so a redelivery is a no-op and a failure leaves nothing behind for the
+//!    redelivery to trip on;
 //! 3. acknowledges as soon as that one short transaction commits: 200 `{"id", "status"}` with
 //!    `applied`, `duplicate` or `ignored` (an event type it does not handle). A failure is 503,
 //!    which makes the provider redeliver.
@@ -25,7 +30,8 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let pool = webhooks_example::connect("sqlite://webhooks.db?mode=rwc").await?;
 //! webhooks_example::migrate(&pool).await?;
-//! let app = webhooks_example::app(pool, webhooks_example::Config::new("whsec_dev"));
+//! let config = webhooks_example::Config::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;
+//! let app = webhooks_example::app(pool, config);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3001").await?;
 //! axum::serve(listener, app).await?;
 //! # Ok(())
@@ -55,43 +61,62 @@ use serde::{Deserialize, Serialize};
 use sqlx::{
     migrate::{MigrateError, Migration, MigrationType, Migrator},
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
-    Row, SqlSafeStr, Sqlite, SqlitePool, Transaction,
+    Row, SqlSafeStr, SqliteConnection, SqlitePool,
 };
-use tower_idempotency_consumer::{sqlite, Error, Outcome};
+use tower_idempotency_consumer::{Consumer, Error, Outcome, SqliteConsumer};
 
 mod problem;
 pub mod signature;
 
 pub use problem::Problem;
-use signature::SignatureError;
+use signature::{
+    standard::{self, InvalidSecret, Secret},
+    stripe, SignatureError,
+};
 
 /// The consumer name the events are recorded under in `processed_events`.
 pub const CONSUMER: &str = "payments-webhook";
 
-/// What the receiver needs besides the database: the shared secret and the clock tolerance.
+/// What the receiver needs besides the database: the secrets and the clock tolerance.
 #[derive(Clone)]
 pub struct Config {
-    secret: Arc<[u8]>,
+    standard: Arc<Secret>,
+    stripe: Option<Arc<[u8]>>,
     tolerance: Duration,
 }
 
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
-            .field("secret", &"<redacted>")
+            .field("standard", &"<redacted>")
+            .field("stripe", &self.stripe.as_ref().map(|_| "<redacted>"))
             .field("tolerance", &self.tolerance)
             .finish()
     }
 }
 
 impl Config {
-    /// Verify signatures with `secret`, allowing [`signature::DEFAULT_TOLERANCE`] of clock skew
-    /// and delivery delay.
-    pub fn new(secret: impl AsRef<[u8]>) -> Self {
-        Self {
-            secret: secret.as_ref().into(),
+    /// Verify Standard Webhooks signatures with `secret` (`whsec_<base64>`), allowing
+    /// [`signature::DEFAULT_TOLERANCE`] of clock skew and delivery delay.
+    ///
+    /// ```
+    /// let config = webhooks_example::Config::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+    /// assert!(config.is_ok());
+    /// assert!(webhooks_example::Config::new("not-a-secret").is_err());
+    /// ```
+    pub fn new(secret: &str) -> Result<Self, InvalidSecret> {
+        Ok(Self {
+            standard: Arc::new(Secret::parse(secret)?),
+            stripe: None,
             tolerance: signature::DEFAULT_TOLERANCE,
-        }
+        })
+    }
+
+    /// Also receive Stripe-signed deliveries on `POST /webhooks/stripe`, verified with the
+    /// endpoint's `secret` (`whsec_...`, used as Stripe's libraries use it).
+    pub fn with_stripe_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.stripe = Some(secret.as_ref().into());
+        self
     }
 
     /// Accept signatures whose timestamp is at most `tolerance` away from now.
@@ -104,6 +129,7 @@ impl Config {
 #[derive(Clone)]
 struct AppState {
     pool: SqlitePool,
+    consumer: SqliteConsumer,
     config: Config,
 }
 
@@ -146,18 +172,27 @@ pub struct Payment {
 pub struct Ack {
     /// The event's id.
     pub id: String,
-    /// `applied`, `duplicate` (applied before) or `ignored` (a type this receiver skips).
+    /// `applied`, `duplicate` (applied before), `ignored` (a type this receiver skips) or
+    /// `parked` (failed too often; kept for a replay).
     pub status: String,
 }
 
-/// The router: `POST /webhooks/payments` and `GET /payments/{payment_id}`.
+/// The router: `POST /webhooks/payments` (Standard Webhooks), `POST /webhooks/stripe` (with a
+/// Stripe secret) and `GET /payments/{payment_id}`.
 ///
 /// The database must be migrated ([`migrate`]).
 pub fn app(pool: SqlitePool, config: Config) -> Router {
-    Router::new()
-        .route("/webhooks/payments", post(receive))
-        .route("/payments/{payment_id}", get(payment))
-        .with_state(AppState { pool, config })
+    let mut router = Router::new()
+        .route("/webhooks/payments", post(receive_standard))
+        .route("/payments/{payment_id}", get(payment));
+    if config.stripe.is_some() {
+        router = router.route("/webhooks/stripe", post(receive_stripe));
+    }
+    router.with_state(AppState {
+        consumer: SqliteConsumer::new(pool.clone(), CONSUMER),
+        pool,
+        config,
+    })
 }
 
 /// Open the SQLite database at `url` (WAL mode, a busy timeout for concurrent deliveries).
@@ -174,7 +209,9 @@ pub async fn connect(url: &str) -> Result<SqlitePool, sqlx::Error> {
 
 /// Create the consumer's `processed_events` and this example's `payments` table.
 pub async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
-    sqlite::migrate(pool).await?;
+    SqliteConsumer::new(pool.clone(), CONSUMER)
+        .migrate()
+        .await?;
     Migrator::with_migrations(vec![Migration::new(
         1,
         "payments".into(),
@@ -186,30 +223,85 @@ pub async fn migrate(pool: &SqlitePool) -> Result<(), MigrateError> {
     .await
 }
 
-async fn receive(
+/// A header's value, if present and visible ASCII.
+fn header<'h>(
+    headers: &'h HeaderMap,
+    name: &'static str,
+) -> Result<Option<&'h str>, SignatureError> {
+    headers
+        .get(name)
+        .map(|value| value.to_str().map_err(|_| SignatureError::Missing(name)))
+        .transpose()
+}
+
+async fn receive_standard(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<Ack>, Problem> {
-    let header = headers
-        .get(signature::HEADER)
-        .map(|value| value.to_str().map_err(|_| SignatureError::Malformed))
-        .transpose()
-        .and_then(|header| {
-            signature::verify(
-                &state.config.secret,
-                header,
+    let verified = (|| {
+        let id = header(&headers, standard::ID)?;
+        let timestamp = header(&headers, standard::TIMESTAMP)?;
+        let signature = header(&headers, standard::SIGNATURE)?;
+        standard::verify(
+            &state.config.standard,
+            id,
+            timestamp,
+            signature,
+            &body,
+            SystemTime::now(),
+            state.config.tolerance,
+        )
+        .map(str::to_owned)
+    })();
+    let delivery_id = verified.map_err(|err| Problem::unauthorized(&err, Scheme::Standard))?;
+    apply_delivery(&state, Some(delivery_id), &body).await
+}
+
+async fn receive_stripe(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Ack>, Problem> {
+    let Some(secret) = &state.config.stripe else {
+        // The route exists only with a Stripe secret.
+        return Err(Problem::unauthorized(
+            &SignatureError::Mismatch,
+            Scheme::Stripe,
+        ));
+    };
+    header(&headers, stripe::HEADER)
+        .and_then(|value| {
+            stripe::verify(
+                secret,
+                value,
                 &body,
                 SystemTime::now(),
                 state.config.tolerance,
             )
-        });
-    if let Err(err) = header {
-        tracing::warn!(error = %err, "refused a webhook delivery");
-        return Err(Problem::unauthorized(&err));
-    }
+        })
+        .map_err(|err| Problem::unauthorized(&err, Scheme::Stripe))?;
+    // Stripe retries a delivery with the same event: its id is the dedupe key.
+    apply_delivery(&state, None, &body).await
+}
 
-    let event: Event = serde_json::from_slice(&body).map_err(|err| {
+/// Which signature scheme a refusal is about: its answer names the scheme's headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// Standard Webhooks.
+    Standard,
+    /// Stripe.
+    Stripe,
+}
+
+/// Parse the verified body and apply it once per delivery id (`delivery_id`, or the event's
+/// `id` when the scheme has no delivery id of its own).
+async fn apply_delivery(
+    state: &AppState,
+    delivery_id: Option<String>,
+    body: &Bytes,
+) -> Result<Json<Ack>, Problem> {
+    let event: Event = serde_json::from_slice(body).map_err(|err| {
         Problem::invalid_event(format!(
             "the body is not a payment event ({err}); expected \
              {{\"id\", \"type\", \"data\": {{\"payment_id\", \"amount_cents\"}}}}"
@@ -222,19 +314,24 @@ async fn receive(
     }
 
     let id = event.id.clone();
+    let delivery_id = delivery_id.unwrap_or_else(|| id.clone());
     // The closure owns the event: its future may only borrow the transaction.
-    let outcome = sqlite::process_once(&state.pool, CONSUMER, &id, move |tx| {
-        Box::pin(async move { apply(tx, &event).await })
-    })
-    .await;
+    let outcome = state
+        .consumer
+        .process_once_with_payload(&delivery_id, Some(body), move |tx| {
+            Box::pin(async move { apply(tx, &event).await })
+        })
+        .await;
     let status = match outcome {
         Ok(Outcome::Processed(true)) => "applied",
         Ok(Outcome::Processed(false)) => "ignored",
         Ok(Outcome::Duplicate) => "duplicate",
+        // Failed too often: acknowledged, kept for a replay (`SqliteConsumer::replay`).
+        Ok(_) | Err(Error::Parked(_)) => "parked",
         Err(Error::Work(err)) => return Err(Problem::unavailable(&err)),
         Err(err) => return Err(Problem::unavailable(&err)),
     };
-    tracing::info!(event_id = %id, status, "webhook delivery");
+    tracing::info!(event_id = %id, delivery_id = %delivery_id, status, "webhook delivery");
     Ok(Json(Ack {
         id,
         status: status.into(),
@@ -242,7 +339,7 @@ async fn receive(
 }
 
 /// The event's effect, in the transaction that records it: `true` if it changed a payment.
-async fn apply(tx: &mut Transaction<'static, Sqlite>, event: &Event) -> Result<bool, sqlx::Error> {
+async fn apply(tx: &mut SqliteConnection, event: &Event) -> Result<bool, sqlx::Error> {
     let (captured, refunded) = match event.kind.as_str() {
         "payment.captured" => (event.data.amount_cents, 0),
         "payment.refunded" => (0, event.data.amount_cents),
@@ -259,7 +356,7 @@ async fn apply(tx: &mut Transaction<'static, Sqlite>, event: &Event) -> Result<b
     .bind(&event.data.payment_id)
     .bind(captured)
     .bind(refunded)
-    .execute(&mut **tx)
+    .execute(&mut *tx)
     .await?;
     Ok(true)
 }

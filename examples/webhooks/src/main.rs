@@ -1,26 +1,31 @@
-//! Run with: `WEBHOOK_SECRET=whsec_dev cargo run -p webhooks-example`
+//! Run with: `WEBHOOK_SECRET=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw cargo run -p webhooks-example`
 //!
-//! A webhook receiver that verifies HMAC-SHA256 signatures and applies each event once.
+//! A webhook receiver that verifies Standard Webhooks (and, optionally, Stripe) signatures and
+//! applies each delivery once.
 //!
 //! ```text
-//! WEBHOOK_SECRET          (required) the secret shared with the sender
+//! WEBHOOK_SECRET          (required) the Standard Webhooks secret, whsec_<base64 key>
+//! STRIPE_WEBHOOK_SECRET   (optional) a Stripe endpoint secret: enables POST /webhooks/stripe
 //! WEBHOOK_TOLERANCE_SECS  300                     signatures older (or newer) than this are refused
 //! DATABASE_URL            sqlite://webhooks.db    an SQLite database, created if missing
 //! BIND_ADDR               127.0.0.1:3001
 //! RUST_LOG                info
 //! ```
 //!
-//! Try it:
+//! Try it (Standard Webhooks: the key is the base64 after `whsec_`):
 //!
 //! ```text
 //! body='{"id":"evt_1","type":"payment.captured","data":{"payment_id":"pay_1","amount_cents":4000}}'
-//! t=$(date +%s)
-//! sig=$(printf '%s' "$t.$body" | openssl dgst -sha256 -hmac whsec_dev -hex | cut -d' ' -f2)
-//! curl -i localhost:3001/webhooks/payments -H "Webhook-Signature: t=$t,v1=$sig" -d "$body"
+//! id=msg_1; t=$(date +%s)
+//! key=$(printf '%s' MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw | base64 -d | od -An -tx1 | tr -d ' \n')
+//! sig=$(printf '%s' "$id.$t.$body" | openssl dgst -sha256 -mac HMAC -macopt hexkey:$key -binary | base64)
+//! curl -i localhost:3001/webhooks/payments -H "webhook-id: $id" -H "webhook-timestamp: $t" \
+//!     -H "webhook-signature: v1,$sig" -d "$body"
 //! curl localhost:3001/payments/pay_1
 //! ```
 //!
-//! Send the same delivery again: `"status": "duplicate"`, and the payment's totals stay put.
+//! Send the same delivery (same `webhook-id`) again: `"status": "duplicate"`, and the payment's
+//! totals stay put.
 
 use std::{process::ExitCode, time::Duration};
 
@@ -45,9 +50,13 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let secret = std::env::var("WEBHOOK_SECRET")
-        .map_err(|_| "WEBHOOK_SECRET is not set: export the secret shared with the sender")?;
-    let mut config = Config::new(secret);
+    let secret = std::env::var("WEBHOOK_SECRET").map_err(|_| {
+        "WEBHOOK_SECRET is not set: export the sender's Standard Webhooks secret (whsec_...)"
+    })?;
+    let mut config = Config::new(&secret).map_err(|err| format!("WEBHOOK_SECRET: {err}"))?;
+    if let Ok(stripe) = std::env::var("STRIPE_WEBHOOK_SECRET") {
+        config = config.with_stripe_secret(stripe);
+    }
     if let Ok(seconds) = std::env::var("WEBHOOK_TOLERANCE_SECS") {
         let seconds: u64 = seconds.parse().map_err(|_| {
             format!("WEBHOOK_TOLERANCE_SECS={seconds:?} is not a number of seconds")

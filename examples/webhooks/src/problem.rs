@@ -5,7 +5,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
-use crate::signature::SignatureError;
+use crate::{signature::SignatureError, Scheme};
 
 /// An error answer: `type`, `title`, `status` and a `detail` that says what to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,15 +22,25 @@ pub struct Problem {
 
 impl Problem {
     /// 401: the signature is missing, malformed, stale or wrong. Nothing was applied.
-    pub fn unauthorized(err: &SignatureError) -> Self {
+    pub fn unauthorized(err: &SignatureError, scheme: Scheme) -> Self {
+        tracing::warn!(error = %err, ?scheme, "refused a webhook delivery");
+        let how = match scheme {
+            Scheme::Standard => {
+                "sign \"<webhook-id>.<webhook-timestamp>.<raw body>\" with HMAC-SHA256 under the \
+                 base64-decoded key of the whsec_ secret and send the webhook-id, \
+                 webhook-timestamp (current Unix seconds) and `webhook-signature: v1,<base64>` \
+                 headers"
+            }
+            Scheme::Stripe => {
+                "sign \"<t>.<raw body>\" with HMAC-SHA256 under the endpoint secret and send \
+                 `Stripe-Signature: t=<unix seconds>,v1=<hex>` with a current timestamp"
+            }
+        };
         Self {
             status: StatusCode::UNAUTHORIZED,
             kind: "invalid-signature",
             title: "Invalid webhook signature",
-            detail: format!(
-                "{err}; sign \"<t>.<raw body>\" with HMAC-SHA256 under the shared secret and send \
-                 `Webhook-Signature: t=<unix seconds>,v1=<hex>` with a current timestamp"
-            ),
+            detail: format!("{err}; {how}"),
         }
     }
 

@@ -1,5 +1,6 @@
-//! The real router on a fresh SQLite file per test: signed deliveries, redelivered
-//! concurrently and out of order, apply each event once; bad or stale signatures apply nothing.
+//! The real router on a fresh SQLite file per test, under both signature schemes (Standard
+//! Webhooks and Stripe): signed deliveries, redelivered concurrently and out of order, apply
+//! each event once; bad or stale signatures apply nothing.
 
 use std::{
     collections::HashMap,
@@ -17,9 +18,27 @@ use serde_json::Value;
 use sqlx::SqlitePool;
 use tokio::sync::Barrier;
 use tower::ServiceExt;
-use webhooks_example::{signature, Config, Event, PaymentData};
+use webhooks_example::{
+    signature::{standard, stripe},
+    Config, Event, PaymentData, Scheme,
+};
 
-const SECRET: &str = "whsec_test";
+/// The Standard Webhooks secret (the specification's example secret).
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// The Stripe endpoint secret.
+const STRIPE_SECRET: &str = "whsec_stripe_test";
+const SCHEMES: [Scheme; 2] = [Scheme::Standard, Scheme::Stripe];
+
+/// Both schemes, the default tolerance.
+fn config() -> Config {
+    Config::new(SECRET)
+        .expect("a valid secret")
+        .with_stripe_secret(STRIPE_SECRET)
+}
+
+fn standard_secret() -> standard::Secret {
+    standard::Secret::parse(SECRET).expect("a valid secret")
+}
 
 /// The router on a fresh, migrated SQLite file, and its pool.
 async fn receiver(config: Config) -> (Router, SqlitePool) {
@@ -62,22 +81,86 @@ fn event(id: &str, kind: &str, payment_id: &str, amount_cents: i64) -> Event {
     }
 }
 
-/// A delivery of `body` signed with `secret` at `timestamp` (no header when `None`).
-fn delivery(body: &[u8], signature: Option<String>) -> Request<Body> {
-    let mut request =
-        Request::post("/webhooks/payments").header(header::CONTENT_TYPE, "application/json");
-    if let Some(signature) = signature {
-        request = request.header("Webhook-Signature", signature);
+/// How a test signs a delivery: under which scheme, when, with which secret.
+#[derive(Debug, Clone)]
+struct Signing {
+    scheme: Scheme,
+    /// The Standard Webhooks delivery id (`webhook-id`).
+    delivery_id: String,
+    timestamp: u64,
+    /// Another secret than the receiver's (a forgery).
+    wrong_secret: bool,
+}
+
+impl Signing {
+    fn now(scheme: Scheme, delivery_id: &str) -> Self {
+        Self {
+            scheme,
+            delivery_id: delivery_id.into(),
+            timestamp: now(),
+            wrong_secret: false,
+        }
+    }
+
+    fn at(mut self, timestamp: u64) -> Self {
+        self.timestamp = timestamp;
+        self
+    }
+
+    /// The scheme's headers for `body`.
+    fn headers(&self, body: &[u8]) -> Vec<(&'static str, String)> {
+        match self.scheme {
+            Scheme::Standard => {
+                let secret = if self.wrong_secret {
+                    standard::Secret::parse("whsec_b3RoZXIgc2VjcmV0").expect("secret")
+                } else {
+                    standard_secret()
+                };
+                vec![
+                    (standard::ID, self.delivery_id.clone()),
+                    (standard::TIMESTAMP, self.timestamp.to_string()),
+                    (
+                        standard::SIGNATURE,
+                        standard::sign(&secret, &self.delivery_id, self.timestamp, body),
+                    ),
+                ]
+            }
+            Scheme::Stripe => {
+                let secret: &[u8] = if self.wrong_secret {
+                    b"whsec_other"
+                } else {
+                    STRIPE_SECRET.as_bytes()
+                };
+                vec![(stripe::HEADER, stripe::sign(secret, self.timestamp, body))]
+            }
+        }
+    }
+}
+
+fn route(scheme: Scheme) -> &'static str {
+    match scheme {
+        Scheme::Standard => "/webhooks/payments",
+        Scheme::Stripe => "/webhooks/stripe",
+    }
+}
+
+/// A delivery of `body` to the scheme's route with these headers.
+fn delivery(scheme: Scheme, body: &[u8], headers: &[(&'static str, String)]) -> Request<Body> {
+    let mut request = Request::post(route(scheme)).header(header::CONTENT_TYPE, "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, value);
     }
     request
         .body(Body::from(body.to_vec()))
         .expect("a valid request")
 }
 
-fn signed(event: &Event) -> Request<Body> {
+/// The event, signed now under `scheme`; its delivery id is derived from the event id, so a
+/// redelivery carries the same one.
+fn signed(scheme: Scheme, event: &Event) -> Request<Body> {
     let body = serde_json::to_vec(event).expect("serialize");
-    let signature = signature::sign(SECRET.as_bytes(), now(), &body);
-    delivery(&body, Some(signature))
+    let signing = Signing::now(scheme, &format!("msg_{}", event.id));
+    delivery(scheme, &body, &signing.headers(&body))
 }
 
 /// Send a request through the router: status, content type, JSON body.
@@ -121,7 +204,13 @@ async fn processed_events(pool: &SqlitePool) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_out_of_order_redeliveries_apply_each_event_once() {
-    let (app, pool) = receiver(Config::new(SECRET)).await;
+    for scheme in SCHEMES {
+        concurrent_out_of_order_redeliveries(scheme).await;
+    }
+}
+
+async fn concurrent_out_of_order_redeliveries(scheme: Scheme) {
+    let (app, pool) = receiver(config()).await;
     let mut events = Vec::new();
     for p in 1..=5_i64 {
         let payment_id = format!("pay_{p}");
@@ -170,7 +259,7 @@ async fn concurrent_out_of_order_redeliveries_apply_each_event_once() {
         .map(|event| {
             let (app, barrier) = (app.clone(), barrier.clone());
             tokio::spawn(async move {
-                let request = signed(&event);
+                let request = signed(scheme, &event);
                 barrier.wait().await;
                 send(&app, request).await
             })
@@ -200,7 +289,7 @@ async fn concurrent_out_of_order_redeliveries_apply_each_event_once() {
         expected.sort();
         assert_eq!(
             seen, expected,
-            "{id}: applied once, the other copies are duplicates"
+            "{scheme:?} {id}: applied once, the other copies are duplicates"
         );
     }
     for p in 1..=5_i64 {
@@ -213,13 +302,19 @@ async fn concurrent_out_of_order_redeliveries_apply_each_event_once() {
     assert_eq!(processed_events(&pool).await, events.len() as i64);
 
     // A late redelivery, one at a time, is still a duplicate.
-    let (_, _, late) = send(&app, signed(&events[0])).await;
+    let (_, _, late) = send(&app, signed(scheme, &events[0])).await;
     assert_eq!(late["status"], "duplicate");
     let (_, body) = payment(&app, "pay_1").await;
     assert_eq!(body["captured_cents"], 1050);
 }
 
-fn assert_unauthorized(status: StatusCode, content_type: &str, body: &Value, why: &str) {
+fn assert_unauthorized(
+    scheme: Scheme,
+    status: StatusCode,
+    content_type: &str,
+    body: &Value,
+    why: &str,
+) {
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{why}: {body}");
     assert_eq!(content_type, "application/problem+json", "{why}");
     assert_eq!(body["status"], 401, "{why}");
@@ -227,47 +322,103 @@ fn assert_unauthorized(status: StatusCode, content_type: &str, body: &Value, why
         body["type"], "urn:webhooks-example:invalid-signature",
         "{why}"
     );
+    let header = match scheme {
+        Scheme::Standard => "webhook-signature",
+        Scheme::Stripe => "Stripe-Signature",
+    };
     assert!(
-        body["detail"]
-            .as_str()
-            .is_some_and(|d| d.contains("Webhook-Signature")),
-        "{why}: {body}"
+        body["detail"].as_str().is_some_and(|d| d.contains(header)),
+        "{why}: the detail says how to sign: {body}"
     );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_signatures_are_401_and_apply_nothing() {
-    let (app, pool) = receiver(Config::new(SECRET)).await;
+    for scheme in SCHEMES {
+        bad_signatures(scheme).await;
+    }
+}
+
+async fn bad_signatures(scheme: Scheme) {
+    let (app, pool) = receiver(config()).await;
     let capture = event("evt_1", "payment.captured", "pay_1", 4000);
     let body = serde_json::to_vec(&capture).expect("serialize");
     let other_body = serde_json::to_vec(&event("evt_1", "payment.captured", "pay_1", 400_000))
         .expect("serialize");
-    let t = now();
-    let good = signature::sign(SECRET.as_bytes(), t, &body);
-
-    let attempts = [
-        ("no header", delivery(&body, None)),
-        (
-            "wrong secret",
-            delivery(&body, Some(signature::sign(b"whsec_other", t, &body))),
-        ),
-        ("tampered body", delivery(&other_body, Some(good.clone()))),
-        (
-            "tampered timestamp",
-            delivery(
-                &body,
-                Some(good.replace(&format!("t={t}"), &format!("t={}", t - 1))),
-            ),
-        ),
-        ("malformed", delivery(&body, Some("v1=deadbeef".into()))),
-        (
-            "not hex",
-            delivery(&body, Some(format!("t={t},v1=not-hex"))),
-        ),
+    let signing = Signing::now(scheme, "msg_1");
+    let good = signing.headers(&body);
+    let forged = Signing {
+        wrong_secret: true,
+        ..signing.clone()
+    }
+    .headers(&body);
+    // The signature of one moment, sent with another timestamp.
+    let mut moved = good.clone();
+    match scheme {
+        Scheme::Standard => moved[1].1 = (signing.timestamp - 1).to_string(),
+        Scheme::Stripe => {
+            moved[0].1 = moved[0].1.replace(
+                &format!("t={}", signing.timestamp),
+                &format!("t={}", signing.timestamp - 1),
+            )
+        }
+    }
+    let mut attempts = vec![
+        ("no headers", delivery(scheme, &body, &[])),
+        ("wrong secret", delivery(scheme, &body, &forged)),
+        ("tampered body", delivery(scheme, &other_body, &good)),
+        ("tampered timestamp", delivery(scheme, &body, &moved)),
     ];
+    match scheme {
+        Scheme::Standard => {
+            let mut no_id = good.clone();
+            no_id.remove(0);
+            let mut other_id = good.clone();
+            other_id[0].1 = "msg_2".into();
+            let mut not_base64 = good.clone();
+            not_base64[2].1 = "v1,not base64!".into();
+            // Stripe's format under the standard's header: refused, not misread.
+            let mut stripe_format = good.clone();
+            stripe_format[2].1 = stripe::sign(STRIPE_SECRET.as_bytes(), signing.timestamp, &body);
+            attempts.extend([
+                ("no webhook-id", delivery(scheme, &body, &no_id)),
+                ("another webhook-id", delivery(scheme, &body, &other_id)),
+                ("not base64", delivery(scheme, &body, &not_base64)),
+                ("Stripe's format", delivery(scheme, &body, &stripe_format)),
+            ]);
+        }
+        Scheme::Stripe => {
+            attempts.extend([
+                (
+                    "malformed",
+                    delivery(scheme, &body, &[(stripe::HEADER, "v1=deadbeef".into())]),
+                ),
+                (
+                    "not hex",
+                    delivery(
+                        scheme,
+                        &body,
+                        &[(
+                            stripe::HEADER,
+                            format!("t={},v1=not-hex", signing.timestamp),
+                        )],
+                    ),
+                ),
+                // A valid Standard Webhooks delivery is not a Stripe one.
+                (
+                    "the standard's headers",
+                    delivery(
+                        scheme,
+                        &body,
+                        &Signing::now(Scheme::Standard, "msg_1").headers(&body),
+                    ),
+                ),
+            ]);
+        }
+    }
     for (why, request) in attempts {
         let (status, content_type, problem) = send(&app, request).await;
-        assert_unauthorized(status, &content_type, &problem, why);
+        assert_unauthorized(scheme, status, &content_type, &problem, why);
     }
     assert_eq!(payment(&app, "pay_1").await.0, StatusCode::NOT_FOUND);
     assert_eq!(
@@ -277,7 +428,7 @@ async fn bad_signatures_are_401_and_apply_nothing() {
     );
 
     // The genuine delivery of the same event is then applied: the refusals did not burn its id.
-    let (status, _, ack) = send(&app, delivery(&body, Some(good))).await;
+    let (status, _, ack) = send(&app, delivery(scheme, &body, &good)).await;
     assert_eq!(
         (status, ack["status"].as_str()),
         (StatusCode::OK, Some("applied"))
@@ -286,15 +437,51 @@ async fn bad_signatures_are_401_and_apply_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn stale_signatures_are_401_within_a_configurable_tolerance() {
+async fn the_standard_dedupe_key_is_the_delivery_id() {
+    let (app, pool) = receiver(config()).await;
     let capture = event("evt_1", "payment.captured", "pay_1", 4000);
     let body = serde_json::to_vec(&capture).expect("serialize");
-    let six_minutes_ago = now() - 6 * 60;
-    let stale = signature::sign(SECRET.as_bytes(), six_minutes_ago, &body);
+    let first = Signing::now(Scheme::Standard, "msg_1").at(now() - 60);
+    let (_, _, ack) = send(
+        &app,
+        delivery(Scheme::Standard, &body, &first.headers(&body)),
+    )
+    .await;
+    assert_eq!(ack["status"], "applied");
+    // The sender's retry: the same webhook-id, a new timestamp and signature.
+    let retry = Signing::now(Scheme::Standard, "msg_1");
+    let (_, _, ack) = send(
+        &app,
+        delivery(Scheme::Standard, &body, &retry.headers(&body)),
+    )
+    .await;
+    assert_eq!(ack["status"], "duplicate");
+    let ids: Vec<String> = sqlx::query_scalar("SELECT event_id FROM processed_events")
+        .fetch_all(&pool)
+        .await
+        .expect("processed ids");
+    assert_eq!(ids, ["msg_1"], "the mark is the delivery id");
+    assert_eq!(payment(&app, "pay_1").await.1["captured_cents"], 4000);
+}
 
-    let (app, pool) = receiver(Config::new(SECRET)).await;
-    let (status, content_type, problem) = send(&app, delivery(&body, Some(stale.clone()))).await;
+#[tokio::test(flavor = "multi_thread")]
+async fn stale_signatures_are_401_within_a_configurable_tolerance() {
+    for scheme in SCHEMES {
+        stale_signatures(scheme).await;
+    }
+}
+
+async fn stale_signatures(scheme: Scheme) {
+    let capture = event("evt_1", "payment.captured", "pay_1", 4000);
+    let body = serde_json::to_vec(&capture).expect("serialize");
+    let stale = Signing::now(scheme, "msg_1")
+        .at(now() - 6 * 60)
+        .headers(&body);
+
+    let (app, pool) = receiver(config()).await;
+    let (status, content_type, problem) = send(&app, delivery(scheme, &body, &stale)).await;
     assert_unauthorized(
+        scheme,
         status,
         &content_type,
         &problem,
@@ -306,14 +493,15 @@ async fn stale_signatures_are_401_within_a_configurable_tolerance() {
             .is_some_and(|d| d.contains("timestamp")),
         "{problem}"
     );
-    let future = signature::sign(SECRET.as_bytes(), now() + 6 * 60, &body);
-    let (status, content_type, problem) = send(&app, delivery(&body, Some(future))).await;
-    assert_unauthorized(status, &content_type, &problem, "six minutes ahead");
+    let future = Signing::now(scheme, "msg_1")
+        .at(now() + 6 * 60)
+        .headers(&body);
+    let (status, content_type, problem) = send(&app, delivery(scheme, &body, &future)).await;
+    assert_unauthorized(scheme, status, &content_type, &problem, "six minutes ahead");
     assert_eq!(processed_events(&pool).await, 0);
 
-    let (lenient, _) =
-        receiver(Config::new(SECRET).with_tolerance(Duration::from_secs(10 * 60))).await;
-    let (status, _, ack) = send(&lenient, delivery(&body, Some(stale))).await;
+    let (lenient, _) = receiver(config().with_tolerance(Duration::from_secs(10 * 60))).await;
+    let (status, _, ack) = send(&lenient, delivery(scheme, &body, &stale)).await;
     assert_eq!(
         (status, ack["status"].as_str()),
         (StatusCode::OK, Some("applied"))
@@ -322,13 +510,23 @@ async fn stale_signatures_are_401_within_a_configurable_tolerance() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_signed_body_that_is_not_an_event_is_400() {
-    let (app, pool) = receiver(Config::new(SECRET)).await;
-    for body in [&b"{\"id\": 1}"[..], br#"{"id":"evt_1","type":"payment.captured","data":{"payment_id":"pay_1","amount_cents":-5}}"#] {
-        let signature = signature::sign(SECRET.as_bytes(), now(), body);
-        let (status, content_type, problem) = send(&app, delivery(body, Some(signature))).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
-        assert_eq!(content_type, "application/problem+json");
-        assert_eq!(problem["type"], "urn:webhooks-example:invalid-event");
+    for scheme in SCHEMES {
+        let (app, pool) = receiver(config()).await;
+        for body in [&b"{\"id\": 1}"[..], br#"{"id":"evt_1","type":"payment.captured","data":{"payment_id":"pay_1","amount_cents":-5}}"#] {
+            let headers = Signing::now(scheme, "msg_1").headers(body);
+            let (status, content_type, problem) = send(&app, delivery(scheme, body, &headers)).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{scheme:?}: {problem}");
+            assert_eq!(content_type, "application/problem+json");
+            assert_eq!(problem["type"], "urn:webhooks-example:invalid-event");
+        }
+        assert_eq!(processed_events(&pool).await, 0);
     }
-    assert_eq!(processed_events(&pool).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_stripe_secret_there_is_no_stripe_route() {
+    let (app, _) = receiver(Config::new(SECRET).expect("a valid secret")).await;
+    let capture = event("evt_1", "payment.captured", "pay_1", 4000);
+    let (status, _, _) = send(&app, signed(Scheme::Stripe, &capture)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

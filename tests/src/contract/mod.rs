@@ -103,6 +103,10 @@ impl Retention for tower_idempotency::store::sqlite::SqliteStore {
     const EXPIRES_BY_ITSELF: bool = false;
 }
 
+impl Retention for tower_idempotency::store::mysql::MySqlStore {
+    const EXPIRES_BY_ITSELF: bool = false;
+}
+
 impl Retention for tower_idempotency::store::redis::RedisStore {
     const EXPIRES_BY_ITSELF: bool = true;
 }

@@ -1,4 +1,4 @@
-//! Transactional mode (PostgreSQL and SQLite): the handler's writes commit with the saved answer.
+//! Transactional mode (PostgreSQL, SQLite and MySQL): the handler's writes commit with the saved answer.
 //!
 //! Store-specific: instantiated per SQL store by [`transactional_tests!`](crate::transactional_tests).
 
@@ -72,7 +72,7 @@ impl Widgets for sqlx::Postgres {
         let mut tx = tx.begin().await?;
         sqlx::query("INSERT INTO widgets (note) VALUES ($1)")
             .bind(note)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await?;
         Ok(())
     }
@@ -105,7 +105,7 @@ impl Widgets for sqlx::Sqlite {
         let mut tx = tx.begin().await?;
         sqlx::query("INSERT INTO widgets (note) VALUES (?)")
             .bind(note)
-            .execute(&mut **tx)
+            .execute(&mut *tx)
             .await?;
         Ok(())
     }
@@ -121,6 +121,39 @@ impl Widgets for sqlx::Sqlite {
         let stolen = sqlx::query(
             "UPDATE idempotency_records SET token = randomblob(16), lease_until = 0 \
              WHERE state = 'running'",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        assert_eq!(stolen.rows_affected(), 1);
+    }
+}
+
+impl Widgets for sqlx::MySql {
+    async fn create_table(pool: &sqlx::MySqlPool) {
+        sqlx::query(CREATE_WIDGETS).execute(pool).await.unwrap();
+    }
+
+    async fn insert(tx: &IdempotencyTransaction<Self>, note: &str) -> Result<(), sqlx::Error> {
+        let mut tx = tx.begin().await?;
+        sqlx::query("INSERT INTO widgets (note) VALUES (?)")
+            .bind(note)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn count(pool: &sqlx::MySqlPool) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM widgets")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    async fn steal_running(pool: &sqlx::MySqlPool) {
+        let stolen = sqlx::query(
+            "UPDATE idempotency_records SET token = UNHEX(REPLACE(UUID(), '-', '')), \
+             lease_until = 0 WHERE state = 'running'",
         )
         .execute(pool)
         .await

@@ -16,7 +16,9 @@ use std::{
 };
 
 use server::{Answer, Scripted};
-use tower_idempotency_client::{Attempts, KeyMode, RetryConfig};
+use tower_idempotency_client::{
+    Attempts, Classify, DefaultClassifier, KeyMode, RetryConfig, Verdict,
+};
 
 /// Runs once, after the first failed attempt (to bring a server up between two attempts).
 pub type Hook = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
@@ -259,6 +261,82 @@ pub async fn the_budget_stops_a_retry_storm<C: TestClient>() {
     assert_eq!(unbounded, STORM_INTENTS * STORM_MAX_ATTEMPTS);
 }
 
+/// Retries a 500 too (a server known to save no answer for it).
+#[derive(Debug)]
+struct AlsoServerErrors;
+
+impl Classify for AlsoServerErrors {
+    fn response(&self, status: http::StatusCode, headers: &http::HeaderMap) -> Verdict {
+        if status == http::StatusCode::INTERNAL_SERVER_ERROR {
+            return Verdict::retry(Duration::ZERO, "server_error");
+        }
+        DefaultClassifier.response(status, headers)
+    }
+
+    fn error(&self, error: &(dyn std::error::Error + 'static)) -> Verdict {
+        DefaultClassifier.error(error)
+    }
+}
+
+pub async fn a_custom_classifier_decides_what_is_retried<C: TestClient>() {
+    let server = Scripted::start(
+        &[Answer::Status(500), Answer::Status(500)],
+        Answer::Status(201),
+    )
+    .await;
+    let (retrying, probe) = client::<C>(fast().with_classifier(AlsoServerErrors));
+    let answered = retrying.post(&server.url(), None).await.unwrap();
+    assert_eq!((answered.status, answered.attempts.count), (201, 3));
+    assert_eq!(probe.attempts(), 3);
+    let keys = server.keys();
+    assert!(keys.iter().all(|key| key == &keys[0]), "one key: {keys:?}");
+    // What the default classifier retries, this one still does.
+    let server = Scripted::start(&[Answer::Status(503)], Answer::Status(201)).await;
+    let (other, _) = client::<C>(fast().with_classifier(AlsoServerErrors));
+    let answered = other.post(&server.url(), None).await.unwrap();
+    assert_eq!(answered.attempts.count, 2);
+}
+
+pub async fn another_header_name_carries_the_key<C: TestClient>() {
+    let server = Scripted::start(&[Answer::Status(503)], Answer::Status(201)).await;
+    let config = fast().with_header_name(http::HeaderName::from_static("x-idempotency-key"));
+    let (renamed, _) = client::<C>(config);
+    let answered = renamed.post(&server.url(), None).await.unwrap();
+    assert_eq!((answered.status, answered.attempts.count), (201, 2));
+    let seen = server.seen();
+    assert!(
+        seen.iter().all(|s| s.key.is_none()),
+        "nothing under Idempotency-Key"
+    );
+    let first = seen[0]
+        .other_key
+        .clone()
+        .expect("a key under x-idempotency-key");
+    assert!(seen.iter().all(|s| s.other_key.as_ref() == Some(&first)));
+    uuid::Uuid::parse_str(&first).expect("a generated UUID");
+}
+
+pub async fn a_key_source_gives_the_same_key_after_a_restart<C: TestClient>() {
+    // The key comes from the intent (an outbox row), not from the process: a "restarted" client,
+    // a new one with the same source, retries the same intent with the same key.
+    let source =
+        |_: &http::Method, _: &http::HeaderMap| Some(http::HeaderValue::from_static("outbox-7"));
+    let server = Scripted::start(&[Answer::Status(503)], Answer::Status(201)).await;
+    let (first, _) = client::<C>(fast().with_key_source(source));
+    assert_eq!(
+        first
+            .post(&server.url(), None)
+            .await
+            .unwrap()
+            .attempts
+            .count,
+        2
+    );
+    let (restarted, _) = client::<C>(fast().with_key_source(source));
+    restarted.post(&server.url(), None).await.unwrap();
+    assert_eq!(server.keys(), vec![Some("outbox-7".to_owned()); 3]);
+}
+
 /// One `#[tokio::test]` per case above, for the client adapter `$client`.
 #[macro_export]
 macro_rules! suite {
@@ -290,6 +368,9 @@ macro_rules! all_cases {
             an_unkeyed_request_is_sent_once,
             the_deadline_ends_the_retries,
             the_budget_stops_a_retry_storm,
+            a_custom_classifier_decides_what_is_retried,
+            another_header_name_carries_the_key,
+            a_key_source_gives_the_same_key_after_a_restart,
         );
     };
 }

@@ -32,6 +32,8 @@ pub enum Answer {
 #[derive(Debug, Clone)]
 pub struct Seen {
     pub key: Option<String>,
+    /// The key under `x-idempotency-key`, for a client configured with that header name.
+    pub other_key: Option<String>,
     pub at: Instant,
 }
 
@@ -107,16 +109,20 @@ async fn answer(
     script: Arc<Mutex<Script>>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::io::Error> {
-    let key = request
-        .headers()
-        .get("idempotency-key")
-        .map(|v| v.to_str().unwrap().to_owned());
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let (key, other_key) = (header("idempotency-key"), header("x-idempotency-key"));
     // The whole request arrives before the server acts, as a real handler would.
     let _ = request.into_body().collect().await;
     let answer = {
         let mut script = script.lock().unwrap();
         script.seen.push(Seen {
             key,
+            other_key,
             at: Instant::now(),
         });
         let otherwise = script.otherwise;

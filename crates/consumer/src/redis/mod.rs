@@ -1,22 +1,25 @@
 //! Redis (feature `redis`): a fenced claim with a lease, for work that writes no database row.
 //!
 //! An e-mail, a call to another API, a message to another queue: work that cannot share a
-//! transaction with a dedupe row. [`RedisConsumer::process_once`] claims the event, runs the
-//! work while renewing the claim's lease, and marks the event done for the retention period.
+//! transaction with a dedupe row. [`RedisConsumer`]'s
+//! [`process_once`](crate::Consumer::process_once) claims the event, runs the work while
+//! renewing the claim's lease, and marks the event done for the retention period.
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tower_idempotency_consumer::redis::{RedisConsumer, RedisOutcome};
+//! use tower_idempotency_consumer::{redis::RedisConsumer, Consumer, Outcome};
 //!
 //! # async fn send_receipt() -> Result<(), std::io::Error> { Ok(()) }
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = redis::Client::open("redis://127.0.0.1:6379")?;
-//! let receipts = RedisConsumer::connect(client, "receipts").await?;
+//! let receipts = RedisConsumer::connect(client, "receipts")
+//!     .await?
+//!     .with_lease(Duration::from_secs(30));
 //!
-//! match receipts.process_once("evt_123", Duration::from_secs(30), || send_receipt()).await? {
-//!     RedisOutcome::Processed(()) => {}            // sent now
-//!     RedisOutcome::Duplicate => {}                // sent before: acknowledge
-//!     RedisOutcome::InProgress { .. } => {}        // being sent: let the provider redeliver
+//! match receipts.process_once("evt_123", |_| Box::pin(send_receipt())).await? {
+//!     Outcome::Processed(()) => {}             // sent now
+//!     Outcome::InProgress { .. } => {}         // being sent: let the provider redeliver
+//!     _ => {}                                  // sent before: acknowledge
 //! }
 //! # Ok(())
 //! # }
@@ -58,12 +61,12 @@ use std::{
     time::Duration,
 };
 
-use futures_util::FutureExt;
+use futures_util::{future::BoxFuture, FutureExt};
 use redis::{aio::ConnectionLike, aio::ConnectionManager, Script};
 use sha2::{Digest, Sha256};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::Error;
+use crate::{Consumer, Error, Outcome};
 
 /// The key prefix used unless [`RedisConsumer::with_prefix`] sets another.
 pub const DEFAULT_PREFIX: &str = "processed-events";
@@ -77,23 +80,8 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("rene
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("complete.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
 
-/// What [`RedisConsumer::process_once`] did with one delivery of an event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use = "InProgress means the work did not run here: the delivery should be retried later"]
-pub enum RedisOutcome<T> {
-    /// The work ran and the event is marked done; here is its value.
-    Processed(T),
-    /// The event was processed before: the work did not run.
-    Duplicate,
-    /// Another delivery holds the claim and is running the work: it did not run here.
-    ///
-    /// Nack or answer with a retryable status; after `lease_remaining` the claim lapses if its
-    /// holder died.
-    InProgress {
-        /// The time left on the holder's lease.
-        lease_remaining: Duration,
-    },
-}
+/// The claim's lease unless [`RedisConsumer::with_lease`] says otherwise.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// Runs work at most once per event id of one consumer, with claims in Redis.
 ///
@@ -107,6 +95,7 @@ pub struct RedisConsumer<C = ConnectionManager> {
     consumer: Arc<str>,
     prefix: Arc<str>,
     retention: Duration,
+    lease: Duration,
 }
 
 impl<C> fmt::Debug for RedisConsumer<C> {
@@ -115,6 +104,7 @@ impl<C> fmt::Debug for RedisConsumer<C> {
             .field("consumer", &self.consumer)
             .field("prefix", &self.prefix)
             .field("retention", &self.retention)
+            .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
 }
@@ -134,14 +124,30 @@ where
     C: ConnectionLike + Clone + Send,
 {
     /// A consumer named `consumer` (one queue handler, one webhook endpoint) over `conn`, with
-    /// the [`DEFAULT_PREFIX`] and [`DEFAULT_RETENTION`].
+    /// the [`DEFAULT_PREFIX`], [`DEFAULT_RETENTION`] and [`DEFAULT_LEASE`].
     pub fn new(conn: C, consumer: impl Into<Arc<str>>) -> Self {
         Self {
             conn,
             consumer: consumer.into(),
             prefix: DEFAULT_PREFIX.into(),
             retention: DEFAULT_RETENTION,
+            lease: DEFAULT_LEASE,
         }
+    }
+
+    /// Hold a claim for `lease` (renewed every third of it while the work runs) instead of
+    /// [`DEFAULT_LEASE`]. A holder that dies blocks redeliveries for at most one lease.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_idempotency_consumer::redis::RedisConsumer;
+    /// # fn run(conn: redis::aio::ConnectionManager) {
+    /// let consumer = RedisConsumer::new(conn, "receipts").with_lease(Duration::from_secs(10));
+    /// # }
+    /// ```
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
     }
 
     /// Put this consumer's keys under `prefix` instead of [`DEFAULT_PREFIX`].
@@ -184,27 +190,21 @@ where
         format!("{}:{{{hex}}}", self.prefix)
     }
 
-    /// Run `work` for the event unless it was processed before or is being processed now.
+    /// [`Consumer::process_once`] on Redis.
     ///
-    /// The claim holds for `lease` and is renewed every third of it while `work` runs. When
+    /// The claim holds for the lease and is renewed every third of it while `work` runs. When
     /// `work` returns `Ok`, the event is marked done for the retention period; when it returns
     /// `Err` ([`Error::Work`]) or panics, the claim is released so that a redelivery runs it
     /// again. A claim lost while the work runs cancels the work: [`Error::LeaseLost`].
     ///
     /// If Redis fails after the work succeeded ([`Error::Redis`]), the event is not marked done:
     /// once the lease lapses a redelivery runs the work again.
-    pub async fn process_once<T, E, F, Fut>(
-        &self,
-        event_id: &str,
-        lease: Duration,
-        work: F,
-    ) -> Result<RedisOutcome<T>, Error<E>>
+    async fn run_once<T, E, Fut>(&self, event_id: &str, work: Fut) -> Result<Outcome<T>, Error<E>>
     where
-        F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
         let key = self.key(event_id);
-        let lease_ms = millis(lease).max(1);
+        let lease_ms = millis(self.lease).max(1);
         let token = uuid::Uuid::new_v4().to_string();
         let mut conn = self.conn.clone();
 
@@ -217,9 +217,9 @@ where
             .await?;
         match outcome.as_str() {
             "claimed" => {}
-            "done" => return Ok(RedisOutcome::Duplicate),
+            "done" => return Ok(Outcome::Duplicate),
             _ => {
-                return Ok(RedisOutcome::InProgress {
+                return Ok(Outcome::InProgress {
                     lease_remaining: Duration::from_millis(remaining_ms.max(0).unsigned_abs()),
                 })
             }
@@ -229,7 +229,7 @@ where
         let period = Duration::from_millis((lease_ms / 3).max(1));
         let mut renewals = tokio::time::interval_at(claimed_at + period, period);
         renewals.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let work = AssertUnwindSafe(work()).catch_unwind();
+        let work = AssertUnwindSafe(work).catch_unwind();
         let mut work = std::pin::pin!(work);
         let finished = loop {
             tokio::select! {
@@ -266,7 +266,7 @@ where
                     .invoke_async(&mut conn)
                     .await?;
                 if completed == 1 {
-                    Ok(RedisOutcome::Processed(value))
+                    Ok(Outcome::Processed(value))
                 } else {
                     Err(Error::LeaseLost)
                 }
@@ -294,6 +294,33 @@ where
                 "releasing the claim after a failed work failed",
             );
         }
+    }
+}
+
+impl<C> Consumer for RedisConsumer<C>
+where
+    C: ConnectionLike + Clone + Send + Sync,
+{
+    /// Nothing: the work shares no transaction with the claim.
+    type Context = ();
+
+    fn name(&self) -> &str {
+        &self.consumer
+    }
+
+    async fn process_once_with_payload<T, E, F>(
+        &self,
+        event_id: &str,
+        _payload: Option<&[u8]>,
+        work: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Send,
+        E: fmt::Display + Send,
+        F: for<'c> FnOnce(&'c mut ()) -> BoxFuture<'c, Result<T, E>> + Send,
+    {
+        let mut context = ();
+        self.run_once(event_id, work(&mut context)).await
     }
 }
 

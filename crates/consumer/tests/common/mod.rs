@@ -75,7 +75,8 @@ pub async fn fresh_postgres() -> (PgPool, String) {
     let options: PgConnectOptions = url.parse().expect("DATABASE_URL parses");
     let db_url = options.database(&db).to_url_lossy().to_string();
     let pool = postgres_pool(&db_url).await;
-    tower_idempotency_consumer::postgres::migrate(&pool)
+    tower_idempotency_consumer::PgConsumer::new(pool.clone(), "ledger")
+        .migrate()
         .await
         .expect("migrate processed_events");
     pool.execute("CREATE TABLE effects (event_id text NOT NULL, delivery integer NOT NULL)")
@@ -100,7 +101,8 @@ pub async fn fresh_sqlite() -> (SqlitePool, String) {
     let path = std::env::temp_dir().join(format!("{}.db", unique_name("tidem_consumer")));
     let path = path.to_str().expect("a UTF-8 temp dir").to_owned();
     let pool = sqlite_pool(&path).await;
-    tower_idempotency_consumer::sqlite::migrate(&pool)
+    tower_idempotency_consumer::SqliteConsumer::new(pool.clone(), "ledger")
+        .migrate()
         .await
         .expect("migrate processed_events");
     pool.execute("CREATE TABLE effects (event_id TEXT NOT NULL, delivery INTEGER NOT NULL)")

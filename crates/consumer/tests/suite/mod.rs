@@ -5,7 +5,7 @@
 
 /// Expand every `process_once` test for one SQL backend.
 ///
-/// - `backend`: the `tower_idempotency_consumer` module (`postgres`, `sqlite`).
+/// - `backend`: the consumer type (`PgConsumer`, `SqliteConsumer`).
 /// - `pool`, `database`: the sqlx pool and database types.
 /// - `fresh`: `common` helper returning a fresh migrated `(pool, url)`; `connect`: `common` helper
 ///   opening a pool on an existing url (the crash test's child).
@@ -32,15 +32,20 @@ macro_rules! consumer_tests {
 
         use common::{$connect, $fresh, run_child_and_kill_it, signal_ready_and_hang};
         use futures_util::future::BoxFuture;
-        use sqlx::{$database, $pool, Transaction};
+        use sqlx::{$database, $pool};
         use tokio::sync::{oneshot, Barrier};
-        use tower_idempotency_consumer::{$backend, Error, Outcome};
+        use tower_idempotency_consumer::{$backend, Consumer, Error, Outcome};
 
         const CONSUMER: &str = "ledger";
 
+        /// The consumer under test, named [`CONSUMER`].
+        fn ledger(pool: &$pool) -> $backend {
+            <$backend>::new(pool.clone(), CONSUMER)
+        }
+
         type Work = Box<
             dyn for<'c> FnOnce(
-                    &'c mut Transaction<'static, $database>,
+                    &'c mut <$database as sqlx::Database>::Connection,
                 ) -> BoxFuture<'c, Result<i32, sqlx::Error>>
                 + Send,
         >;
@@ -52,7 +57,7 @@ macro_rules! consumer_tests {
                     sqlx::query("INSERT INTO effects (event_id, delivery) VALUES ($1, $2)")
                         .bind(event_id)
                         .bind(delivery)
-                        .execute(&mut **tx)
+                        .execute(&mut *tx)
                         .await?;
                     Ok(delivery)
                 })
@@ -69,7 +74,7 @@ macro_rules! consumer_tests {
 
         async fn processed_rows(pool: &$pool, event_id: &str) -> i64 {
             sqlx::query_scalar(
-                "SELECT count(*) FROM processed_events WHERE consumer = $1 AND event_id = $2",
+                "SELECT count(*) FROM processed_events WHERE consumer = $1 AND event_id = $2 AND status = 'processed'",
             )
             .bind(CONSUMER)
             .bind(event_id)
@@ -88,7 +93,7 @@ macro_rules! consumer_tests {
                     let (pool, barrier, runs) = (pool.clone(), barrier.clone(), runs.clone());
                     tokio::spawn(async move {
                         barrier.wait().await;
-                        $backend::process_once(&pool, CONSUMER, "evt_1", |tx| {
+                        ledger(&pool).process_once("evt_1", |tx| {
                             Box::pin(async move {
                                 runs.fetch_add(1, Ordering::SeqCst);
                                 // Work that takes a while, so that the others arrive while it runs.
@@ -106,6 +111,7 @@ macro_rules! consumer_tests {
                 match delivery.await.expect("no panic").expect("no error") {
                     Outcome::Processed(_) => processed += 1,
                     Outcome::Duplicate => duplicates += 1,
+                    other => panic!("neither processed nor a duplicate: {other:?}"),
                 }
             }
             assert_eq!((processed, duplicates), (1, common::DELIVERIES - 1));
@@ -117,7 +123,7 @@ macro_rules! consumer_tests {
         #[tokio::test(flavor = "multi_thread")]
         async fn a_failed_work_rolls_back_and_the_redelivery_runs_it_once() {
             let (pool, _) = $fresh().await;
-            let failed = $backend::process_once(&pool, CONSUMER, "evt_1", |tx| {
+            let failed = ledger(&pool).process_once("evt_1", |tx| {
                 Box::pin(async move {
                     record("evt_1", 1)(tx).await?;
                     Err::<i32, _>(sqlx::Error::Protocol("the payment provider said no".into()))
@@ -132,9 +138,9 @@ macro_rules! consumer_tests {
             );
             assert_eq!(processed_rows(&pool, "evt_1").await, 0);
 
-            let retried = $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await;
+            let retried = ledger(&pool).process_once("evt_1", record("evt_1", 2)).await;
             assert_eq!(retried.expect("redelivery"), Outcome::Processed(2));
-            let again = $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 3)).await;
+            let again = ledger(&pool).process_once("evt_1", record("evt_1", 3)).await;
             assert_eq!(again.expect("third delivery"), Outcome::Duplicate);
             assert_eq!(effects(&pool, "evt_1").await, vec![2]);
         }
@@ -145,7 +151,7 @@ macro_rules! consumer_tests {
             let panicked = tokio::spawn({
                 let pool = pool.clone();
                 async move {
-                    $backend::process_once(&pool, CONSUMER, "evt_1", |tx| {
+                    ledger(&pool).process_once("evt_1", |tx| {
                         Box::pin(async move {
                             record("evt_1", 1)(tx).await?;
                             panic!("the work panicked");
@@ -159,7 +165,7 @@ macro_rules! consumer_tests {
             .await;
             assert!(panicked.expect_err("the task panicked").is_panic());
 
-            let retried = $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await;
+            let retried = ledger(&pool).process_once("evt_1", record("evt_1", 2)).await;
             assert_eq!(retried.expect("redelivery"), Outcome::Processed(2));
             assert_eq!(effects(&pool, "evt_1").await, vec![2]);
         }
@@ -178,7 +184,7 @@ macro_rules! consumer_tests {
             let first = tokio::spawn({
                 let pool = pool.clone();
                 async move {
-                    $backend::process_once(&pool, CONSUMER, "evt_1", move |tx| {
+                    ledger(&pool).process_once("evt_1", move |tx| {
                         Box::pin(async move {
                             record("evt_1", 1)(tx).await?;
                             started_tx.send(()).expect("the test waits");
@@ -200,7 +206,7 @@ macro_rules! consumer_tests {
                 .expect("the first delivery started its work");
             let mut second = tokio::spawn({
                 let pool = pool.clone();
-                async move { $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await }
+                async move { ledger(&pool).process_once("evt_1", record("evt_1", 2)).await }
             });
             let early = tokio::time::timeout(Duration::from_millis(300), &mut second).await;
             assert!(
@@ -238,7 +244,7 @@ macro_rules! consumer_tests {
                 // The child: do the work's write, then die (the parent kills us) before the commit.
                 let pool = $connect(&url).await;
                 let result =
-                    $backend::process_once::<i32, sqlx::Error, _>(&pool, CONSUMER, "evt_1", |tx| {
+                    ledger(&pool).process_once::<i32, sqlx::Error, _>("evt_1", |tx| {
                         Box::pin(async move {
                             record("evt_1", 1)(tx).await?;
                             signal_ready_and_hang().await
@@ -260,9 +266,9 @@ macro_rules! consumer_tests {
             );
             assert_eq!(processed_rows(&pool, "evt_1").await, 0);
 
-            let retried = $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 2)).await;
+            let retried = ledger(&pool).process_once("evt_1", record("evt_1", 2)).await;
             assert_eq!(retried.expect("redelivery"), Outcome::Processed(2));
-            let again = $backend::process_once(&pool, CONSUMER, "evt_1", record("evt_1", 3)).await;
+            let again = ledger(&pool).process_once("evt_1", record("evt_1", 3)).await;
             assert_eq!(again.expect("third delivery"), Outcome::Duplicate);
             assert_eq!(effects(&pool, "evt_1").await, vec![2], "one effect");
         }
@@ -270,8 +276,8 @@ macro_rules! consumer_tests {
         #[tokio::test(flavor = "multi_thread")]
         async fn consumers_are_independent() {
             let (pool, _) = $fresh().await;
-            let ledger = $backend::process_once(&pool, "ledger", "evt_1", record("evt_1", 1)).await;
-            let mailer = $backend::process_once(&pool, "mailer", "evt_1", record("evt_1", 2)).await;
+            let ledger = <$backend>::new(pool.clone(), "ledger").process_once("evt_1", record("evt_1", 1)).await;
+            let mailer = <$backend>::new(pool.clone(), "mailer").process_once("evt_1", record("evt_1", 2)).await;
             assert_eq!(ledger.expect("ledger"), Outcome::Processed(1));
             assert_eq!(mailer.expect("mailer"), Outcome::Processed(2));
         }
@@ -287,7 +293,7 @@ macro_rules! consumer_tests {
             .expect("old rows");
             for n in 0..3 {
                 let event_id = format!("new_{n}");
-                let done = $backend::process_once(&pool, CONSUMER, &event_id, |_| {
+                let done = ledger(&pool).process_once(&event_id, |_| {
                     Box::pin(async { Ok::<_, sqlx::Error>(()) })
                 })
                 .await;
@@ -296,14 +302,14 @@ macro_rules! consumer_tests {
             let day = Duration::from_secs(24 * 60 * 60);
 
             assert_eq!(
-                $backend::sweep_batch(&pool, day, 4)
+                ledger(&pool).sweep_batch(day, 4)
                     .await
                     .expect("one batch"),
                 4
             );
-            assert_eq!($backend::sweep(&pool, day, 4).await.expect("the rest"), 6);
+            assert_eq!(ledger(&pool).sweep(day, 4).await.expect("the rest"), 6);
             assert_eq!(
-                $backend::sweep(&pool, day, 4).await.expect("nothing left"),
+                ledger(&pool).sweep(day, 4).await.expect("nothing left"),
                 0
             );
 
@@ -314,21 +320,173 @@ macro_rules! consumer_tests {
                     .expect("remaining rows");
             assert_eq!(left, ["new_0", "new_1", "new_2"]);
             // A swept event is unknown again: its redelivery would run (the retention warning).
-            let redelivered = $backend::process_once(&pool, CONSUMER, "old_1", record("old_1", 1)).await;
+            let redelivered = ledger(&pool).process_once("old_1", record("old_1", 1)).await;
             assert_eq!(redelivered.expect("after sweep"), Outcome::Processed(1));
         }
 
         #[tokio::test(flavor = "multi_thread")]
         async fn migrate_is_repeatable_and_keeps_to_its_own_table() {
             let (pool, _) = $fresh().await;
-            $backend::migrate(&pool).await.expect("second migrate");
+            ledger(&pool).migrate().await.expect("second migrate");
             let tables: Vec<String> = sqlx::query_scalar(
                 $list_migration_tables,
             )
             .fetch_all(&pool)
             .await
             .expect("list tables");
-            assert_eq!(tables, [$backend::MIGRATIONS_TABLE]);
+            assert_eq!(tables, [tower_idempotency_consumer::sql::MIGRATIONS_TABLE]);
+        }
+
+        /// A work that always fails, saying which delivery it was.
+        fn refuse(delivery: i32) -> Work {
+            Box::new(move |tx| {
+                Box::pin(async move {
+                    record("evt_p", delivery)(tx).await?;
+                    Err(sqlx::Error::Protocol(format!("declined on delivery {delivery}")))
+                })
+            })
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn claim_in_the_callers_transaction_commits_with_the_callers_writes() {
+            let (pool, _) = $fresh().await;
+            let ledger = ledger(&pool);
+
+            // Rolled back: neither the write nor the mark stays.
+            let mut tx = ledger.begin().await.expect("begin");
+            let claim = ledger.claim(&mut tx, "evt_1").await.expect("claim");
+            assert_eq!(claim, tower_idempotency_consumer::sql::Claim::Claimed { failed_attempts: 0 });
+            sqlx::query("INSERT INTO effects (event_id, delivery) VALUES ('evt_1', 1)")
+                .execute(&mut *tx)
+                .await
+                .expect("the caller's write");
+            tx.rollback().await.expect("rollback");
+            assert_eq!(processed_rows(&pool, "evt_1").await, 0);
+            assert_eq!(effects(&pool, "evt_1").await, Vec::<i32>::new());
+
+            // Committed: both stay, and the next claim is a duplicate.
+            let mut tx = ledger.begin().await.expect("begin");
+            assert!(matches!(
+                ledger.claim(&mut tx, "evt_1").await.expect("claim"),
+                tower_idempotency_consumer::sql::Claim::Claimed { .. }
+            ));
+            sqlx::query("INSERT INTO effects (event_id, delivery) VALUES ('evt_1', 2)")
+                .execute(&mut *tx)
+                .await
+                .expect("the caller's write");
+            tx.commit().await.expect("commit");
+            let mut tx = ledger.begin().await.expect("begin");
+            assert_eq!(
+                ledger.claim(&mut tx, "evt_1").await.expect("claim"),
+                tower_idempotency_consumer::sql::Claim::Duplicate
+            );
+            tx.rollback().await.expect("rollback");
+            assert_eq!(effects(&pool, "evt_1").await, vec![2]);
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn failures_are_counted_then_the_event_is_parked_listed_and_replayed() {
+            let (pool, _) = $fresh().await;
+            let ledger = ledger(&pool).with_max_attempts(std::num::NonZeroU32::new(3).expect("3"));
+            let payload: &[u8] = br#"{"id":"evt_p"}"#;
+            for delivery in 1..=2 {
+                let failed = ledger.process_once_with_payload("evt_p", Some(payload), refuse(delivery)).await;
+                assert!(matches!(failed, Err(Error::Work(_))), "delivery {delivery}: {failed:?}");
+                assert!(failed.expect_err("failed").should_redeliver());
+            }
+            let last = ledger.process_once_with_payload("evt_p", Some(payload), refuse(3)).await;
+            let last = last.expect_err("the third failure parks");
+            assert!(matches!(last, Error::Parked(_)), "{last:?}");
+            assert!(!last.should_redeliver(), "a parked event is settled: acknowledge it");
+            assert_eq!(effects(&pool, "evt_p").await, Vec::<i32>::new(), "every failure rolled back");
+
+            // Parked: later deliveries do not run the work.
+            let runs = Arc::new(AtomicUsize::new(0));
+            let counted: Work = {
+                let runs = runs.clone();
+                Box::new(move |tx| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    record("evt_p", 4)(tx)
+                })
+            };
+            let parked = ledger.process_once("evt_p", counted).await.expect("parked delivery");
+            assert_eq!(parked, Outcome::Parked { attempts: 3 });
+            assert!(parked.should_ack());
+            assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+            let listed = ledger.parked(10).await.expect("list parked");
+            assert_eq!(listed.len(), 1);
+            assert_eq!(listed[0].event_id, "evt_p");
+            assert_eq!(listed[0].attempts, 3);
+            assert_eq!(listed[0].last_error.as_deref(), Some("encountered unexpected or invalid data: declined on delivery 3"));
+            assert_eq!(listed[0].payload.as_deref(), Some(payload));
+            assert!(ledger.parked(10).await.expect("list").len() == 1, "listing changes nothing");
+            assert!(<$backend>::new(pool.clone(), "mailer").parked(10).await.expect("list").is_empty(), "per consumer");
+
+            // Replay: the record comes back once, and the next delivery runs the work afresh.
+            let replayed = ledger.replay("evt_p").await.expect("replay").expect("it was parked");
+            assert_eq!(replayed.payload.as_deref(), Some(payload));
+            assert_eq!(ledger.replay("evt_p").await.expect("replay again"), None);
+            let done = ledger.process_once("evt_p", record("evt_p", 5)).await;
+            assert_eq!(done.expect("replayed delivery"), Outcome::Processed(5));
+            assert_eq!(effects(&pool, "evt_p").await, vec![5]);
+            assert!(ledger.parked(10).await.expect("list").is_empty());
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_success_after_failures_is_processed_once_and_not_parked() {
+            let (pool, _) = $fresh().await;
+            let ledger = ledger(&pool).with_max_attempts(std::num::NonZeroU32::new(3).expect("3"));
+            for delivery in 1..=2 {
+                let failed = ledger.process_once("evt_p", refuse(delivery)).await;
+                assert!(matches!(failed, Err(Error::Work(_))), "{failed:?}");
+            }
+            let mut tx = ledger.begin().await.expect("begin");
+            let claim = ledger.claim(&mut tx, "evt_p").await.expect("claim");
+            assert_eq!(claim, tower_idempotency_consumer::sql::Claim::Claimed { failed_attempts: 2 });
+            tx.rollback().await.expect("rollback");
+            let done = ledger.process_once("evt_p", record("evt_p", 3)).await;
+            assert_eq!(done.expect("third delivery"), Outcome::Processed(3));
+            let again = ledger.process_once("evt_p", refuse(4)).await;
+            assert_eq!(again.expect("fourth delivery"), Outcome::Duplicate);
+            assert_eq!(effects(&pool, "evt_p").await, vec![3]);
+            assert!(ledger.parked(10).await.expect("list").is_empty());
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_table_of_its_own_has_its_own_migrations_and_marks() {
+            let (pool, _) = $fresh().await;
+            let table = tower_idempotency_consumer::sql::TableName::new("billing_events").expect("valid");
+            let billing = ledger(&pool).with_table(table);
+            billing.migrate().await.expect("migrate billing_events");
+            billing.migrate().await.expect("migrate again");
+            assert_eq!(billing.migrations_table(), "_tower_idempotency_consumer_billing_events_migrations");
+            let done = billing.process_once("evt_1", record("evt_1", 1)).await;
+            assert_eq!(done.expect("billing"), Outcome::Processed(1));
+            let again = billing.process_once("evt_1", record("evt_1", 2)).await;
+            assert_eq!(again.expect("billing again"), Outcome::Duplicate);
+            let in_own_table: i64 = sqlx::query_scalar("SELECT count(*) FROM billing_events WHERE event_id = 'evt_1'")
+                .fetch_one(&pool)
+                .await
+                .expect("count billing_events");
+            assert_eq!(in_own_table, 1);
+            assert_eq!(processed_rows(&pool, "evt_1").await, 0, "the default table is untouched");
+            // The default table is another set of marks: the same event is new there.
+            let default = ledger(&pool).process_once("evt_1", record("evt_1", 3)).await;
+            assert_eq!(default.expect("default table"), Outcome::Processed(3));
+            assert!(tower_idempotency_consumer::sql::TableName::new("x; DROP TABLE effects").is_err());
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn sweep_keeps_parked_events() {
+            let (pool, _) = $fresh().await;
+            let ledger = ledger(&pool).with_max_attempts(std::num::NonZeroU32::MIN);
+            let parked = ledger.process_once("evt_p", refuse(1)).await;
+            assert!(matches!(parked, Err(Error::Parked(_))), "{parked:?}");
+            let done = ledger.process_once("evt_1", record("evt_1", 1)).await;
+            assert!(done.expect("processed").is_processed());
+            assert_eq!(ledger.sweep(Duration::ZERO, 10).await.expect("sweep"), 1);
+            assert_eq!(ledger.parked(10).await.expect("list").len(), 1, "the parked event stays");
         }
     };
 }

@@ -42,8 +42,19 @@ pub(super) struct ClaimedRun<St> {
     pub(super) record: Arc<RequestRecord>,
 }
 
-/// The handler's answer, its body and trailers collected; or why there is none.
-type HandlerResult<E> = Result<(http::response::Parts, Result<(Bytes, HeaderMap), BoxError>), E>;
+/// The handler's answer with its body read as far as the layer keeps it.
+type HandlerResult<E, B> = Result<(http::response::Parts, BodyRead<B>), E>;
+
+/// How far the handler's body was read.
+enum BodyRead<B> {
+    /// Whole, within the saved-body limit: its bytes and trailers.
+    Whole(Bytes, HeaderMap),
+    /// Over the limit: the bytes read so far (at most the limit and one frame) and the rest,
+    /// unread, to be streamed to the client.
+    TooLarge(Bytes, std::pin::Pin<Box<B>>),
+    /// The body failed while the layer read it.
+    Failed(BoxError),
+}
 
 impl<St: Store> ClaimedRun<St> {
     /// Run the handler (renewing the lease meanwhile), then save its answer, or release the key
@@ -68,10 +79,16 @@ impl<St: Store> ClaimedRun<St> {
         };
         let result = tokio::select! {
             biased;
-            result = AssertUnwindSafe(call_handler(inner, req)).catch_unwind() => result,
+            result = AssertUnwindSafe(call_handler(inner, req, self.config.saved_body_limit)).catch_unwind() => result,
             never = heartbeat::renew_forever(&self), if self.leased => match never {},
         };
         let (parts, (body, trailers)) = match result {
+            Ok(Ok((parts, BodyRead::TooLarge(prefix, rest)))) => {
+                drop(running);
+                return Ok(self
+                    .stream_unkept::<M, ResBody>(run_state, parts, prefix, rest)
+                    .await);
+            }
             Err(panic) => {
                 self.give_up::<M>(run_state, "the handler panicked").await;
                 std::panic::resume_unwind(panic);
@@ -81,12 +98,12 @@ impl<St: Store> ClaimedRun<St> {
                 self.give_up::<M>(run_state, why).await;
                 return Err(err);
             }
-            Ok(Ok((parts, Err(err)))) => {
+            Ok(Ok((parts, BodyRead::Failed(err)))) => {
                 self.give_up::<M>(run_state, "the response body failed")
                     .await;
                 return Ok(Response::from_parts(parts, ResponseBody::failed(err)));
             }
-            Ok(Ok((parts, Ok(body)))) => (parts, body),
+            Ok(Ok((parts, BodyRead::Whole(body, trailers)))) => (parts, (body, trailers)),
         };
         // The handler is done: its duration is recorded without the save that follows.
         drop(running);
@@ -94,12 +111,48 @@ impl<St: Store> ClaimedRun<St> {
         if let Some(why) = self.not_to_save(&parts, &trailers) {
             self.give_up::<M>(run_state, &why).await;
         } else if let Some(rejection) = self.save::<M>(run_state, &parts, &body, &trailers).await {
-            return Ok(reject(rejection));
+            return Ok(reject(&self.config, rejection));
         }
         Ok(Response::from_parts(
             parts,
             ResponseBody::with_trailers(body, trailers),
         ))
+    }
+
+    /// An answer whose body is over the saved-body limit: the body is not kept. Saved in its
+    /// place: the status and headers, without the body's own headers (`Content-Length`,
+    /// `Content-Type`..), with `Idempotent-Body-Not-Kept: true` and an empty body, so a retry
+    /// learns the request was done and how it ended, and fetches the result by other means (its
+    /// `Location`, say). The client of this attempt gets the whole body, streamed: the layer
+    /// holds at most the limit and one frame of it.
+    async fn stream_unkept<M: Mode<St>, ResBody>(
+        &self,
+        run_state: M::RunState,
+        parts: http::response::Parts,
+        prefix: Bytes,
+        rest: std::pin::Pin<Box<ResBody>>,
+    ) -> Response<ResponseBody<ResBody>> {
+        // The trailers come after the body: the policy sees none.
+        if let Some(why) = self.not_to_save(&parts, &HeaderMap::new()) {
+            self.give_up::<M>(run_state, &why).await;
+        } else {
+            let mut headers = parts.headers.clone();
+            for name in record::BODY_HEADERS {
+                headers.remove(name);
+            }
+            headers.insert(
+                record::BODY_NOT_KEPT_HEADER,
+                http::HeaderValue::from_static("true"),
+            );
+            let stand_in = parts_with(&parts, headers);
+            if let Some(rejection) = self
+                .save::<M>(run_state, &stand_in, &Bytes::new(), &HeaderMap::new())
+                .await
+            {
+                return reject(&self.config, rejection);
+            }
+        }
+        Response::from_parts(parts, ResponseBody::prefixed(prefix, rest))
     }
 
     /// Why the answer is not to be saved (the key is released instead), if it is not: the handler
@@ -240,27 +293,56 @@ impl<St: Store> ClaimedRun<St> {
     }
 }
 
-/// The handler's answer with its body collected; trailers are kept with the body, since gRPC's
-/// outcome (`grpc-status`) is in them.
+/// The handler's answer with its body read up to `limit` bytes; trailers are kept with the
+/// body, since gRPC's outcome (`grpc-status`) is in them. A body that says it is larger than
+/// `limit` is not read at all.
 async fn call_handler<S, ReqBody, ResBody>(
     mut inner: S,
     req: Request<ReqBody>,
-) -> HandlerResult<S::Error>
+    limit: usize,
+) -> HandlerResult<S::Error, ResBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body<Data = Bytes>,
     ResBody::Error: Into<BoxError>,
 {
     let (parts, body) = inner.call(req).await?.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|c| {
-            let trailers = c.trailers().cloned().unwrap_or_default();
-            (c.to_bytes(), trailers)
-        })
-        .map_err(Into::into);
-    Ok((parts, body))
+    let mut body = Box::pin(body);
+    if body.size_hint().lower() > limit as u64 {
+        return Ok((parts, BodyRead::TooLarge(Bytes::new(), body)));
+    }
+    let mut read = bytes::BytesMut::new();
+    let mut trailers = HeaderMap::new();
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Err(err)) => return Ok((parts, BodyRead::Failed(err.into()))),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    read.extend_from_slice(&data);
+                    if read.len() > limit {
+                        return Ok((parts, BodyRead::TooLarge(read.freeze(), body)));
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(more) = frame.into_trailers() {
+                        trailers.extend(more);
+                    }
+                }
+            },
+        }
+    }
+    Ok((parts, BodyRead::Whole(read.freeze(), trailers)))
+}
+
+/// The status and version of `parts` with other headers (and no extensions, which are not
+/// `Clone`).
+fn parts_with(parts: &http::response::Parts, headers: HeaderMap) -> http::response::Parts {
+    let mut response = Response::new(());
+    *response.status_mut() = parts.status;
+    *response.version_mut() = parts.version;
+    *response.headers_mut() = headers;
+    response.into_parts().0
 }
 
 /// `, grpc-status N` when the answer carries one, for the log line of a released key.

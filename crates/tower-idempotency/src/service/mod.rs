@@ -1,7 +1,8 @@
-//! The [`IdempotencyService`]: the request flow of the layer, in DESIGN.md's order. A covered
-//! request is prepared (key, body, fingerprint: [`prepare`]), its key claimed ([`claim`]), and
-//! the claim's outcome answered ([`respond`]): the handler runs as a [`ClaimedRun`] when the
-//! key is ours, or the layer answers 409, 422 or the saved response.
+//! The [`IdempotencyService`]: the request flow of the layer, in the order of the crate docs
+//! ("What happens to a request"). A covered request is prepared (key, body, fingerprint:
+//! [`prepare`]), its key claimed ([`claim`]), and the claim's outcome answered ([`respond`]):
+//! the handler runs as a [`ClaimedRun`] when the key is ours, or the layer answers 409, 422 or
+//! the saved response.
 
 use std::{
     fmt,
@@ -217,8 +218,8 @@ where
     Ok(inner.call(req).await?.map(ResponseBody::inner))
 }
 
-fn reject<B>(rejection: Rejection) -> Response<ResponseBody<B>> {
-    rejection.to_response().map(ResponseBody::from_full)
+fn reject<B>(config: &Config, rejection: Rejection) -> Response<ResponseBody<B>> {
+    crate::error::render(config, rejection).map(ResponseBody::from_full)
 }
 
 /// A covered request, inside its span; its final outcome is counted when the record drops.
@@ -234,7 +235,7 @@ where
     ReqBody: GuardedBody,
     ResBody: RecordedBody,
 {
-    let record = RequestRecord::new(req.method(), req.uri().path());
+    let record = RequestRecord::new(req.method(), req.uri().path(), observe::route_of(&req));
     let span = record.span().clone();
     let result = guard(inner, layer, req, record.clone())
         .instrument(span)
@@ -245,8 +246,8 @@ where
     result
 }
 
-/// The request flow for a covered method (DESIGN.md's order): prepare the request (key, body,
-/// fingerprint), claim the key, respond to the claim's outcome.
+/// The request flow for a covered method (the order of the crate docs): prepare the request
+/// (key, body, fingerprint), claim the key, respond to the claim's outcome.
 async fn guard<S, St, M, ReqBody, ResBody>(
     inner: S,
     layer: Shared<St, M>,
@@ -270,11 +271,11 @@ where
             );
             return pass_through(inner, Request::from_parts(parts, RequestBody::new(body))).await;
         }
-        Err(refusal) => return Ok(refusal.answer(&record)),
+        Err(refusal) => return Ok(refusal.answer(&layer.config, &record)),
     };
     let prepared = match prepare(&layer.config, parts, body, key).await {
         Ok(prepared) => prepared,
-        Err(refusal) => return Ok(refusal.answer(&record)),
+        Err(refusal) => return Ok(refusal.answer(&layer.config, &record)),
     };
     record.key(&prepared.key_hash);
 
@@ -320,18 +321,18 @@ where
                 prepared.parts.uri.path(),
                 lease_remaining,
             );
-            Ok(reject(Rejection::InFlight { retry_after }))
+            Ok(reject(&layer.config, Rejection::InFlight { retry_after }))
         }
         Ok((ClaimOutcome::Mismatch, _)) => {
             record.finish(
                 Outcome::Mismatch,
                 &"the key was first used for a different request: 422",
             );
-            Ok(reject(Rejection::KeyReused))
+            Ok(reject(&layer.config, Rejection::KeyReused))
         }
         Ok((ClaimOutcome::Done(saved), _)) => {
             record.finish(Outcome::Replayed, &"replaying the saved answer");
-            Ok(record::replay(saved))
+            Ok(record::replay(saved, &layer.config.replay_header))
         }
         Err(err) => store_failed(inner, &layer.config, prepared, &err, &record).await,
     }
@@ -359,7 +360,7 @@ where
                 rejection.status().as_u16()
             ),
         );
-        return Ok(reject(rejection));
+        return Ok(reject(config, rejection));
     }
     record.finish(
         Outcome::FailOpen,
@@ -410,6 +411,7 @@ where
             Outcome::TakenOver,
             &"a lapsed lease was taken over; the handler runs again",
         );
+        observe::taken_over(record.route());
     } else {
         observe::record(Outcome::Claimed, &"key claimed; the handler runs");
     }
@@ -892,11 +894,13 @@ mod tests {
             })
         });
         let total = "idempotency_requests_total{outcome=";
-        assert_eq!(recorded.get(&format!("{total}saved}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}replayed}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}mismatch}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}rejected}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}released}}")), 1);
+        // No router matched these requests: the route is unknown, never the raw path.
+        let route = "http.route=unknown";
+        assert_eq!(recorded.get(&format!("{total}saved,{route}}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}replayed,{route}}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}mismatch,{route}}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}rejected,{route}}}")), 1);
+        assert_eq!(recorded.get(&format!("{total}released,{route}}}")), 1);
         assert_eq!(
             recorded.sum(total),
             5,
@@ -914,5 +918,271 @@ mod tests {
             recorded.get("idempotency_store_duration_seconds{op=release,store=memory}"),
             1
         );
+    }
+
+    /// The user's error contract: a `type` base of their own, their own envelope, their own
+    /// replay header; and the defaults unchanged without them.
+    mod contract {
+        use tower_layer::Layer;
+
+        use super::*;
+
+        async fn json_of<B: Body<Data = Bytes>>(response: Response<B>) -> serde_json::Value
+        where
+            B::Error: fmt::Debug,
+        {
+            serde_json::from_slice(&body_of(response).await).unwrap()
+        }
+
+        #[tokio::test]
+        async fn the_problem_type_base_is_the_users() {
+            let count = Arc::new(AtomicUsize::new(0));
+            let service = Idempotency::memory()
+                .with_problem_type_base("https://api.example.com/problems#")
+                .layer(counting_service(count.clone(), StatusCode::CREATED));
+            let missing = Request::post("/orders").body(Full::default()).unwrap();
+            let response = service.clone().oneshot(missing).await.unwrap();
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+            let problem = json_of(response).await;
+            assert_eq!(
+                problem["type"],
+                "https://api.example.com/problems#MissingKey"
+            );
+
+            let default = Idempotency::memory().layer(counting_service(count, StatusCode::CREATED));
+            let missing = Request::post("/orders").body(Full::default()).unwrap();
+            let problem = json_of(default.oneshot(missing).await.unwrap()).await;
+            assert_eq!(
+                problem["type"],
+                format!("{}MissingKey", crate::error::DEFAULT_PROBLEM_TYPE_BASE)
+            );
+        }
+
+        #[tokio::test]
+        async fn a_whole_refusal_can_be_the_users_envelope_and_keeps_retry_after() {
+            let gate = Arc::new(tokio::sync::Notify::new());
+            let started = Arc::new(tokio::sync::Notify::new());
+            let handler = {
+                let (gate, started) = (gate.clone(), started.clone());
+                tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+                    let (gate, started) = (gate.clone(), started.clone());
+                    async move {
+                        started.notify_one();
+                        gate.notified().await;
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
+                            "done",
+                        ))))
+                    }
+                })
+            };
+            let service = Idempotency::memory()
+                .with_rejection_response(|rejection: &Rejection| {
+                    let body = serde_json::json!({
+                        "error": { "code": rejection.name(), "message": rejection.detail() }
+                    });
+                    Response::builder()
+                        .status(rejection.status())
+                        .header("content-type", "application/json")
+                        .body(Bytes::from(body.to_string()))
+                        .unwrap()
+                })
+                .layer(handler);
+            let first = tokio::spawn(service.clone().oneshot(post("k", "a")));
+            started.notified().await;
+            let duplicate = service.clone().oneshot(post("k", "a")).await.unwrap();
+            assert_eq!(duplicate.status(), StatusCode::CONFLICT);
+            assert_eq!(duplicate.headers()["content-type"], "application/json");
+            assert!(duplicate.headers().contains_key(http::header::RETRY_AFTER));
+            let envelope = json_of(duplicate).await;
+            assert_eq!(envelope["error"]["code"], "InFlight");
+            gate.notify_one();
+            assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+            // A refusal without a retry delay gets no Retry-After.
+            let reused = service.clone().oneshot(post("k", "b")).await.unwrap();
+            assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+            assert!(!reused.headers().contains_key(http::header::RETRY_AFTER));
+            assert_eq!(json_of(reused).await["error"]["code"], "KeyReused");
+        }
+
+        #[tokio::test]
+        async fn the_replay_header_is_named_by_the_user() {
+            let count = Arc::new(AtomicUsize::new(0));
+            let service = Idempotency::memory()
+                .with_replay_header(http::HeaderName::from_static("x-replayed"))
+                .layer(counting_service(count, StatusCode::CREATED));
+            let first = service.clone().oneshot(post("k", "a")).await.unwrap();
+            assert!(first.headers().get("x-replayed").is_none());
+            let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
+            assert_eq!(retry.headers()["x-replayed"], "true");
+            assert!(retry.headers().get(&crate::REPLAYED_HEADER).is_none());
+        }
+
+        #[tokio::test]
+        async fn require_scope_refuses_anonymous_callers_before_reading_the_body() {
+            let count = Arc::new(AtomicUsize::new(0));
+            let service = Idempotency::memory()
+                .with_body_limit(4)
+                .require_scope()
+                .layer(counting_service(count.clone(), StatusCode::CREATED));
+            // Over the body limit too: the scope is checked first, so no 413.
+            let anonymous = service
+                .clone()
+                .oneshot(post("k", "too long"))
+                .await
+                .unwrap();
+            assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
+            let problem = json_of(anonymous).await;
+            assert_eq!(problem["title"], "Caller not identified");
+            assert!(problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("Authorization"));
+            let empty_auth = Request::post("/orders")
+                .header("idempotency-key", "k")
+                .header("authorization", "")
+                .body(Full::new(Bytes::from("a")))
+                .unwrap();
+            assert_eq!(
+                service.clone().oneshot(empty_auth).await.unwrap().status(),
+                StatusCode::BAD_REQUEST
+            );
+            assert_eq!(count.load(Ordering::SeqCst), 0);
+
+            let alice = Request::post("/orders")
+                .header("idempotency-key", "k")
+                .header("authorization", "Bearer alice")
+                .body(Full::new(Bytes::from("a")))
+                .unwrap();
+            assert_eq!(
+                service.clone().oneshot(alice).await.unwrap().status(),
+                StatusCode::CREATED
+            );
+            assert_eq!(count.load(Ordering::SeqCst), 1);
+
+            // Without the setting, anonymous callers are served (and share one key space).
+            let open =
+                Idempotency::memory().layer(counting_service(count.clone(), StatusCode::CREATED));
+            assert_eq!(
+                open.oneshot(post("k", "a")).await.unwrap().status(),
+                StatusCode::CREATED
+            );
+        }
+
+        /// A response body fed frame by frame through a channel: a stream with no end in sight
+        /// until the sender is dropped (server-sent events, a large download).
+        struct Channel(tokio::sync::mpsc::Receiver<Bytes>);
+
+        impl Body for Channel {
+            type Data = Bytes;
+            type Error = std::convert::Infallible;
+
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+                self.0
+                    .poll_recv(cx)
+                    .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
+            }
+        }
+
+        #[tokio::test]
+        async fn an_answer_over_the_saved_limit_is_streamed_and_a_retry_gets_its_status_and_headers(
+        ) {
+            let runs = Arc::new(AtomicUsize::new(0));
+            let senders = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let handler = {
+                let (runs, senders) = (runs.clone(), senders.clone());
+                tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let (tx, rx) = tokio::sync::mpsc::channel(64);
+                    senders.lock().unwrap().push(tx);
+                    async move {
+                        let response = Response::builder()
+                            .status(StatusCode::CREATED)
+                            .header("location", "/exports/1")
+                            .header("content-type", "text/event-stream")
+                            .body(Channel(rx))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(response)
+                    }
+                })
+            };
+            let service = Idempotency::memory()
+                .with_saved_body_limit(1024)
+                .layer(handler);
+            let first = tokio::spawn(service.clone().oneshot(post("k", "a")));
+            tokio::task::yield_now().await;
+            let tx = loop {
+                if let Some(tx) = senders.lock().unwrap().pop() {
+                    break tx;
+                }
+                tokio::task::yield_now().await;
+            };
+            // 3 KiB, then the stream stays open: the answer must not wait for its end.
+            for _ in 0..3 {
+                tx.send(Bytes::from(vec![b'x'; 1024])).await.unwrap();
+            }
+            let first = first.await.unwrap().unwrap();
+            assert_eq!(first.status(), StatusCode::CREATED);
+            let mut body = first.into_body();
+            let mut received = 0;
+            while received < 3 * 1024 {
+                let frame = body.frame().await.unwrap().unwrap();
+                received += frame.into_data().unwrap().len();
+            }
+            tx.send(Bytes::from_static(b"last")).await.unwrap();
+            drop(tx);
+            let rest = body.collect().await.unwrap().to_bytes();
+            assert_eq!(
+                received + rest.len(),
+                3 * 1024 + 4,
+                "the client gets every byte"
+            );
+
+            let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
+            assert_eq!(retry.status(), StatusCode::CREATED);
+            assert_eq!(retry.headers()[&crate::REPLAYED_HEADER], "true");
+            assert_eq!(retry.headers()[&crate::BODY_NOT_KEPT_HEADER], "true");
+            assert_eq!(retry.headers()["location"], "/exports/1");
+            assert!(retry.headers().get("content-type").is_none());
+            assert_eq!(body_of(retry).await, "");
+            assert_eq!(
+                runs.load(Ordering::SeqCst),
+                1,
+                "the retry did not run again"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_body_announced_over_the_limit_is_not_read_before_it_is_sent() {
+            let runs = Arc::new(AtomicUsize::new(0));
+            let handler = {
+                let runs = runs.clone();
+                tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
+                            vec![b'y'; 64 * 1024],
+                        ))))
+                    }
+                })
+            };
+            let service = Idempotency::memory()
+                .with_saved_body_limit(1024)
+                .layer(handler);
+            let first = service.clone().oneshot(post("k", "a")).await.unwrap();
+            assert_eq!(body_of(first).await.len(), 64 * 1024);
+            let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
+            assert_eq!(retry.status(), StatusCode::OK);
+            assert_eq!(retry.headers()[&crate::BODY_NOT_KEPT_HEADER], "true");
+            assert_eq!(body_of(retry).await, "");
+            // Within the limit, the body is saved whole as before.
+            let small = Idempotency::memory().layer(counting_service(runs.clone(), StatusCode::OK));
+            small.clone().oneshot(post("s", "a")).await.unwrap();
+            let replay = small.oneshot(post("s", "a")).await.unwrap();
+            assert!(replay.headers().get(&crate::BODY_NOT_KEPT_HEADER).is_none());
+            assert_eq!(body_of(replay).await, "run 2");
+        }
     }
 }

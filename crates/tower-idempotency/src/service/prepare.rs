@@ -25,9 +25,13 @@ pub(super) struct Refusal {
 }
 
 impl Refusal {
-    pub(super) fn answer<B>(self, record: &RequestRecord) -> Response<ResponseBody<B>> {
+    pub(super) fn answer<B>(
+        self,
+        config: &Config,
+        record: &RequestRecord,
+    ) -> Response<ResponseBody<B>> {
         record.finish(Outcome::Rejected, &self.note);
-        reject(self.rejection)
+        reject(config, self.rejection)
     }
 }
 
@@ -75,8 +79,16 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
+    // The scope first: an anonymous caller under `require_scope` is refused before its body is read.
+    let scope = config.scope.scope(&parts);
+    if config.require_scope && scope.is_anonymous() {
+        return Err(Refusal {
+            rejection: Rejection::MissingScope,
+            note: "no caller identity and the layer requires a scope: 400",
+        });
+    }
     let bytes = read_body(config, &parts.headers, body).await?;
-    let key_hash = key.scoped_hash(&config.scope.scope(&parts));
+    let key_hash = key.scoped_hash(&scope);
     let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
     Ok(Prepared {
         parts,

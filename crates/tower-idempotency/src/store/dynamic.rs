@@ -2,7 +2,9 @@
 
 use std::{fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use super::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoredResponse};
+use super::{
+    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoredResponse,
+};
 use crate::key::KeyHash;
 
 /// A boxed, `Send` future: what [`ErasedStore`] methods return.
@@ -43,6 +45,13 @@ pub trait ErasedStore: fmt::Debug + Send + Sync + 'static {
     fn dyn_sweep(&self, batch: u32) -> BoxFuture<'_, Result<u64, StoreError>>;
     /// [`Store::wait_for_change`].
     fn dyn_wait_for_change<'a>(&'a self, key: &'a KeyHash, timeout: Duration) -> BoxFuture<'a, ()>;
+    /// [`Store::get`].
+    fn dyn_get<'a>(
+        &'a self,
+        key: &'a KeyHash,
+    ) -> BoxFuture<'a, Result<Option<RecordInfo>, StoreError>>;
+    /// [`Store::forget`].
+    fn dyn_forget<'a>(&'a self, key: &'a KeyHash) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 impl<S: Store> ErasedStore for S {
@@ -89,6 +98,17 @@ impl<S: Store> ErasedStore for S {
 
     fn dyn_wait_for_change<'a>(&'a self, key: &'a KeyHash, timeout: Duration) -> BoxFuture<'a, ()> {
         Box::pin(Store::wait_for_change(self, key, timeout))
+    }
+
+    fn dyn_get<'a>(
+        &'a self,
+        key: &'a KeyHash,
+    ) -> BoxFuture<'a, Result<Option<RecordInfo>, StoreError>> {
+        Box::pin(Store::get(self, key))
+    }
+
+    fn dyn_forget<'a>(&'a self, key: &'a KeyHash) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::forget(self, key))
     }
 }
 
@@ -170,6 +190,14 @@ impl Store for DynStore {
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
         self.0.dyn_wait_for_change(key, timeout).await
+    }
+
+    async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
+        self.0.dyn_get(key).await
+    }
+
+    async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
+        self.0.dyn_forget(key).await
     }
 }
 

@@ -9,8 +9,8 @@ use std::{
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
-    waiters::lock, Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind,
-    StoredResponse,
+    waiters::lock, Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError,
+    StoreErrorKind, StoredResponse,
 };
 use crate::{fingerprint::Fingerprint, key::KeyHash};
 
@@ -336,6 +336,30 @@ impl Store for MemoryStore {
         if still_running {
             let _ = tokio::time::timeout(timeout, notified).await;
         }
+    }
+
+    async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
+        let now = Instant::now();
+        let shard = self.shard(key);
+        let Some(record) = shard.records.get(key).filter(|r| r.expires_at > now) else {
+            return Ok(None);
+        };
+        let expires_in = record.expires_at - now;
+        Ok(Some(match &record.state {
+            State::Running { lease_until } => {
+                RecordInfo::running(lease_until.saturating_duration_since(now), expires_in)
+            }
+            State::Done(response) => RecordInfo::done(response.clone(), expires_in),
+        }))
+    }
+
+    async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
+        let removed = self.shard(key).records.remove(key);
+        if let Some(record) = &removed {
+            // Waiters claim again and find the key free.
+            record.changed.notify_waiters();
+        }
+        Ok(removed.is_some())
     }
 }
 

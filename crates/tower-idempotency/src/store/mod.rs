@@ -10,6 +10,7 @@
 //! | [`MemoryStore`] | `memory` (default) | one process: tests, single-instance services |
 //! | `PostgresStore` | `postgres` | the default for real applications, transactional mode |
 //! | `SqliteStore` | `sqlite` | embedded, single node, transactional mode |
+//! | `MySqlStore` | `mysql` | applications on MySQL or MariaDB (InnoDB), transactional mode |
 //! | `RedisStore` | `redis` | work with no database row of its own, scale-out |
 //!
 //! [`DynStore`] holds any of them behind one type, for a store chosen at run time.
@@ -33,15 +34,23 @@ pub use memory::MemoryStore;
 mod batch;
 #[cfg(feature = "sqlx")]
 pub use batch::{BatchStats, Batching};
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-#[cfg(any(feature = "memory", feature = "sqlx", feature = "redis"))]
+#[cfg(any(
+    feature = "memory",
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+))]
 mod waiters;
 
 /// A fencing token: issued by every successful claim, required by every later write.
@@ -313,6 +322,54 @@ impl Fenced {
     }
 }
 
+/// Where a record is in its life, as [`Store::get`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// An attempt holds the key (or held it, when the lease has lapsed).
+    Running,
+    /// The answer is saved and replayed to retries.
+    Done,
+}
+
+/// One record as an operator sees it: what [`Store::get`] returns. Times are left by the
+/// store's clock, so they do not depend on the caller's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordInfo {
+    /// Running or done.
+    pub state: RecordState,
+    /// Running records: the lease time left (zero once lapsed: the next retry takes the key
+    /// over). `None` for done records.
+    pub lease_remaining: Option<Duration>,
+    /// The time left before the record expires and the key is free for any request.
+    pub expires_in: Duration,
+    /// Done records: the saved answer.
+    pub response: Option<StoredResponse>,
+}
+
+impl RecordInfo {
+    /// A running record.
+    pub fn running(lease_remaining: Duration, expires_in: Duration) -> Self {
+        Self {
+            state: RecordState::Running,
+            lease_remaining: Some(lease_remaining),
+            expires_in,
+            response: None,
+        }
+    }
+
+    /// A done record with its saved answer.
+    pub fn done(response: StoredResponse, expires_in: Duration) -> Self {
+        Self {
+            state: RecordState::Done,
+            lease_remaining: None,
+            expires_in,
+            response: Some(response),
+        }
+    }
+}
+
 /// A backend that keeps idempotency records.
 ///
 /// # Atomicity
@@ -398,10 +455,38 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
         let _ = key;
         tokio::time::sleep(timeout)
     }
+
+    /// Operators: the live record of `key`, `None` when there is none (or it expired). Reads
+    /// only. Every built-in store implements it; the default answers
+    /// [`StoreErrorKind::Unsupported`].
+    fn get(
+        &self,
+        key: &KeyHash,
+    ) -> impl Future<Output = Result<Option<RecordInfo>, StoreError>> + Send {
+        let _ = key;
+        async { Err(StoreError::unsupported("get")) }
+    }
+
+    /// Operators: delete the record of `key` whatever its state, so the next request with the
+    /// key runs as new (a stuck key, an erasure request). `true` when there was one.
+    ///
+    /// # Warning
+    ///
+    /// Forgetting a done record lets a retry of its request run again; forgetting a running one
+    /// lets a duplicate run beside its holder, whose answer is then not saved (it is fenced
+    /// out). Forget only what you know is safe to redo. The default answers
+    /// [`StoreErrorKind::Unsupported`].
+    fn forget(&self, key: &KeyHash) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = key;
+        async { Err(StoreError::unsupported("forget")) }
+    }
 }
 
-#[cfg(feature = "sqlx")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 /// A store whose records live in a SQL database, so the handler's writes and the saved response
 /// can commit in one transaction (transactional mode).
 ///
@@ -474,6 +559,9 @@ pub enum StoreErrorKind {
     Corrupt,
     /// Running the store's migrations failed.
     Migration,
+    /// The store does not implement this operation (a custom store without
+    /// [`Store::get`] or [`Store::forget`]).
+    Unsupported,
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -485,6 +573,7 @@ impl fmt::Display for StoreErrorKind {
             StoreErrorKind::Full => "full",
             StoreErrorKind::Corrupt => "record corrupt",
             StoreErrorKind::Migration => "migration failed",
+            StoreErrorKind::Unsupported => "operation not supported",
         })
     }
 }
@@ -499,6 +588,11 @@ impl StoreError {
             kind,
             source: Some(source.into()),
         }
+    }
+
+    /// The store does not implement `operation`.
+    pub fn unsupported(operation: &'static str) -> Self {
+        Self::new(StoreErrorKind::Unsupported, operation)
     }
 
     /// A record could not be decoded.
@@ -536,8 +630,12 @@ impl StoreError {
 }
 
 /// The kind of a database error, from its SQLSTATE (PostgreSQL) or result code (SQLite).
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
+    #[cfg(feature = "mysql")]
+    if let Some(my) = err.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return mysql::error::kind(my);
+    }
     #[cfg(feature = "postgres")]
     if let Some(pg) = err.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
         return match pg.code() {
@@ -573,8 +671,11 @@ fn database_error_kind(err: &dyn sqlx::error::DatabaseError) -> StoreErrorKind {
     StoreErrorKind::Backend
 }
 
-#[cfg(feature = "sqlx")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         let kind = match &err {

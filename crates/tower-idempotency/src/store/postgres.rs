@@ -96,8 +96,8 @@ pub use sqlx;
 use super::batch::{BatchStats, Batcher, Batching, Counters};
 use super::sql::{self, Waiters};
 use super::{
-    Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
-    TransactionalStore,
+    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreErrorKind,
+    StoredResponse, TransactionalStore,
 };
 use crate::key::KeyHash;
 
@@ -395,6 +395,33 @@ impl PostgresStore {
             .await
             .map_err(|err| StoreError::new(StoreErrorKind::Migration, err))
     }
+
+    /// Check, without changing anything, that the table this store writes exists with every
+    /// column this version uses: for startup, when the schema is applied by your own migration
+    /// tool (the SQL is in the repository's `migrations/postgres/`) instead of [`migrate`](Self::migrate).
+    ///
+    /// Fails with [`StoreErrorKind::Migration`] and a message naming the migrations to apply
+    /// when the table is missing or older than this version.
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::postgres::PostgresStore) {
+    /// store.check_schema().await.expect("idempotency schema current");
+    /// # }
+    /// ```
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        sqlx::query(CHECK_SCHEMA)
+            .execute(&self.inner.pool)
+            .await
+            .map(drop)
+            .map_err(|err| {
+                StoreError::new(
+                    StoreErrorKind::Migration,
+                    format!(
+                        "the table idempotency_records is missing or not current ({err}); call PostgresStore::migrate() at startup, or apply migrations/postgres/ (0001_idempotency_records.sql and 0002_watched.sql) with your migration tool"
+                    ),
+                )
+            })
+    }
 }
 
 /// The connections the batches run on: the pool's own options, outside the pool, so batches
@@ -417,6 +444,10 @@ fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
         .min_connections(0)
         .connect_lazy_with(options)
 }
+
+/// Reads every column this version uses, and no row: fails when the table or a column is missing.
+const CHECK_SCHEMA: &str =
+    "SELECT key, fingerprint, token, state, status, headers, body, created_at, lease_until, expires_at, watched FROM idempotency_records WHERE false";
 
 fn migrator() -> Migrator {
     sql::migrator(&[
@@ -513,6 +544,22 @@ impl Store for PostgresStore {
         // notification slips between.
         let watch = self.inner.watch(key, deadline);
         sql::wait_for_change(&self.inner.waiters, key, deadline, watch).await;
+    }
+
+    async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
+        let row = sqlx::query(GET)
+            .bind(key.as_bytes().as_slice())
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        row.as_ref().map(record_info).transpose()
+    }
+
+    async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
+        let deleted = sqlx::query(FORGET)
+            .bind(key.as_bytes().as_slice())
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(deleted.rows_affected() > 0)
     }
 }
 
@@ -747,6 +794,42 @@ fn parse_key_hex(hex: &str) -> Option<KeyHash> {
         *byte = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
     }
     Some(KeyHash(key))
+}
+
+/// Operators' read of one live record ([`Store::get`]), its times left by the database's clock.
+const GET: &str = r#"
+SELECT state, status, headers, body,
+    GREATEST(0, EXTRACT(EPOCH FROM (lease_until - now())) * 1000)::bigint AS lease_ms,
+    GREATEST(0, EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::bigint AS expires_ms
+FROM idempotency_records
+WHERE key = $1 AND expires_at > now()
+"#;
+
+/// Operators' delete of one record, whatever its state ([`Store::forget`]).
+const FORGET: &str = "DELETE FROM idempotency_records WHERE key = $1";
+
+/// A row of [`GET`] as the record it describes.
+fn record_info(row: &sqlx::postgres::PgRow) -> Result<RecordInfo, StoreError> {
+    use sqlx::Row;
+    let millis = |column: &str| -> Result<Duration, StoreError> {
+        Ok(Duration::from_millis(
+            row.try_get::<i64, _>(column)?.max(0) as u64
+        ))
+    };
+    let expires_in = millis("expires_ms")?;
+    match row.try_get::<&str, _>("state")? {
+        "running" => Ok(RecordInfo::running(millis("lease_ms")?, expires_in)),
+        "done" => {
+            let status: i32 = row.try_get("status")?;
+            let status = u16::try_from(status)
+                .map_err(|_| StoreError::corrupt("a saved status is out of range"))?;
+            let headers: Vec<u8> = row.try_get("headers")?;
+            let body: Vec<u8> = row.try_get("body")?;
+            let response = StoredResponse::from_parts(status, &headers, body.into())?;
+            Ok(RecordInfo::done(response, expires_in))
+        }
+        _ => Err(StoreError::corrupt("a record has an unknown state")),
+    }
 }
 
 #[cfg(test)]

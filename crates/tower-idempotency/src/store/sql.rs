@@ -1,4 +1,4 @@
-//! What the PostgreSQL and SQLite stores share: the migrator, the parameters their statements
+//! What the SQL stores (PostgreSQL, SQLite, MySQL) share: the migrator, the parameters their statements
 //! bind and the claim row they read ([`Codec`]), the in-process side of waiting
 //! ([`wait_for_change`]), and the conversions between the layer's types and the SQL columns.
 //! The SQL itself stays in each store's file, where the databases differ.
@@ -103,6 +103,7 @@ where
     }
 
     /// The parameters of `renew`: 1 key, 2 token, 3 lease in milliseconds.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(super) fn renew(
         key: &KeyHash,
         token: FencingToken,
@@ -116,6 +117,7 @@ where
     }
 
     /// The parameters of `complete`: 1 key, 2 token, 3 status, 4 headers, 5 body.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(super) fn complete(
         key: &KeyHash,
         token: FencingToken,
@@ -127,6 +129,39 @@ where
             args.add(i32::from(response.status.as_u16()))?;
             args.add(response.encode_headers().as_slice())?;
             args.add(response.body.as_ref())
+        })
+    }
+
+    /// The parameters of `renew` in the order of an `UPDATE .. SET .. WHERE` whose parameters
+    /// are numbered by position (MySQL's `?`): 1 lease in milliseconds, 2 key, 3 token.
+    #[cfg(feature = "mysql")]
+    pub(super) fn renew_set_first(
+        key: &KeyHash,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<DB::Arguments, StoreError> {
+        Self::encoded(|args| {
+            args.add(millis(lease))?;
+            args.add(key.as_bytes().as_slice())?;
+            args.add(token.as_uuid())
+        })
+    }
+
+    /// The parameters of `complete` in the order of an `UPDATE .. SET .. WHERE` whose
+    /// parameters are numbered by position (MySQL's `?`): 1 status, 2 headers, 3 body, 4 key,
+    /// 5 token.
+    #[cfg(feature = "mysql")]
+    pub(super) fn complete_set_first(
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<DB::Arguments, StoreError> {
+        Self::encoded(|args| {
+            args.add(i32::from(response.status.as_u16()))?;
+            args.add(response.encode_headers().as_slice())?;
+            args.add(response.body.as_ref())?;
+            args.add(key.as_bytes().as_slice())?;
+            args.add(token.as_uuid())
         })
     }
 

@@ -2,7 +2,10 @@
 //! [`Notify`]s, and a lock that survives a panic.
 
 // With the memory store alone, only `lock` is used.
-#![cfg_attr(not(any(feature = "sqlx", feature = "redis")), allow(dead_code))]
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite", feature = "redis")),
+    allow(dead_code)
+)]
 
 use std::{
     collections::HashMap,

@@ -99,6 +99,33 @@ pub async fn fresh_postgres(prefix: &str) -> FreshPostgres {
     }
 }
 
+/// A database created for one test on the MySQL (MariaDB) server of `MYSQL_URL`: its URL and
+/// its connect options.
+pub async fn fresh_mysql(prefix: &str) -> (String, sqlx::mysql::MySqlConnectOptions) {
+    use sqlx::{Connection, Executor};
+    let url = std::env::var("MYSQL_URL")
+        .expect("MYSQL_URL is not set: export MYSQL_URL=mysql://root@127.0.0.1:3306/test");
+    let name = unique(prefix);
+    let mut admin = sqlx::MySqlConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach MySQL at MYSQL_URL={url}: {e}"));
+    admin
+        .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+        .await
+        .expect("create the test database");
+    admin.close().await.ok();
+    let options = url
+        .parse::<sqlx::mysql::MySqlConnectOptions>()
+        .expect("MYSQL_URL parses")
+        .database(&name);
+    let (server, _) = url
+        .split('?')
+        .next()
+        .and_then(|u| u.rsplit_once('/'))
+        .expect("MYSQL_URL ends with a database name");
+    (format!("{server}/{name}"), options)
+}
+
 /// The real binary on `database_url`, on a free port of 127.0.0.1, with its stdout piped for
 /// [`listening_url`] and killed when the child is dropped; each test adds its own settings.
 pub fn orders_api(database_url: &str) -> tokio::process::Command {

@@ -9,7 +9,7 @@ use redis::{
     Value,
 };
 
-use crate::store::{ClaimOutcome, StoreError, StoredResponse};
+use crate::store::{ClaimOutcome, RecordInfo, StoreError, StoredResponse};
 
 /// A script that reads the clock: `prologue.lua` (which sets `now`), then `$file`.
 macro_rules! timed_script {
@@ -39,6 +39,51 @@ pub(super) static RELEASE: LazyLock<Script> =
 
 /// KEYS[1] record. Read-only: the lease time left of a running record, 0 for anything else.
 pub(super) static PEEK: LazyLock<Script> = timed_script!("peek.lua");
+
+/// KEYS[1] record. Read-only, for operators: state, lease and expiry left, saved answer.
+pub(super) static GET: LazyLock<Script> = timed_script!("get.lua");
+
+/// KEYS[1] record; ARGV: channel. For operators: delete the record whatever its state.
+pub(super) static FORGET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/forget.lua")));
+
+/// The reply of [`GET`] as the record it describes.
+pub(super) fn record_info(reply: Value) -> Result<Option<RecordInfo>, StoreError> {
+    const UNEXPECTED: &str = "unexpected reply from the redis get script";
+    let Value::Array(items) = reply else {
+        return Err(StoreError::corrupt(UNEXPECTED));
+    };
+    if items.is_empty() {
+        return Ok(None);
+    }
+    let mut items = items.into_iter();
+    let corrupt = || StoreError::corrupt(UNEXPECTED);
+    let state = items.next().and_then(bytes_of).ok_or_else(corrupt)?;
+    let mut millis = || {
+        items
+            .next()
+            .and_then(int_of)
+            .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+            .ok_or_else(corrupt)
+    };
+    let lease = millis()?;
+    let expires_in = millis()?;
+    match state.as_slice() {
+        b"running" => Ok(Some(RecordInfo::running(lease, expires_in))),
+        b"done" => {
+            let status = items
+                .next()
+                .and_then(int_of)
+                .and_then(|s| u16::try_from(s).ok())
+                .ok_or_else(|| StoreError::corrupt("a saved redis record has no valid status"))?;
+            let headers = items.next().and_then(bytes_of).unwrap_or_default();
+            let body = items.next().and_then(bytes_of).unwrap_or_default();
+            let response = StoredResponse::from_parts(status, &headers, Bytes::from(body))?;
+            Ok(Some(RecordInfo::done(response, expires_in)))
+        }
+        _ => Err(StoreError::corrupt("a redis record has an unknown state")),
+    }
+}
 
 /// The connection the scripts run on.
 #[derive(Clone)]

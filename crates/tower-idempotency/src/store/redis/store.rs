@@ -7,11 +7,13 @@ use tokio::time::Instant;
 
 use super::{
     notifier::Notifier,
-    scripts::{claim_outcome, Connection, CLAIM, COMPLETE, PEEK, RELEASE, RENEW},
+    scripts::{self, claim_outcome, Connection, CLAIM, COMPLETE, PEEK, RELEASE, RENEW},
 };
 use crate::{
     key::KeyHash,
-    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoredResponse},
+    store::{
+        Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoredResponse,
+    },
 };
 
 /// The key prefix used unless [`RedisStore::with_prefix`] sets another.
@@ -311,6 +313,22 @@ impl Store for RedisStore {
             () = tokio::time::sleep_until(wake_at) => {}
         }
         // `notified`, then `registration` (unsubscribing the last waiter) drop here.
+    }
+
+    async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
+        let invocation = scripts::GET.key(self.record_key(key));
+        scripts::record_info(self.conn.invoke(&invocation).await?)
+    }
+
+    async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
+        let mut invocation = scripts::FORGET.key(self.record_key(key));
+        invocation.arg(self.channel(key));
+        match self.conn.invoke(&invocation).await? {
+            Value::Int(deleted) => Ok(deleted > 0),
+            _ => Err(StoreError::corrupt(
+                "unexpected reply from the redis forget script",
+            )),
+        }
     }
 }
 

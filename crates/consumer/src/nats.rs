@@ -1,0 +1,168 @@
+//! NATS JetStream (feature `nats`, with [`async_nats`]): acknowledge a message only after its
+//! commit.
+//!
+//! Pull from a durable consumer with explicit acks (`AckPolicy::Explicit`, the default) and
+//! hand each message to [`process_message`] (event id from the `Nats-Msg-Id` header) or
+//! [`process_message_as`] (an id you read from the message). It runs the work through any
+//! [`Consumer`], then settles the message:
+//!
+//! | result | settled with |
+//! |---|---|
+//! | processed, duplicate, parked (before or now) | `+ACK`, confirmed by the server (double ack), after the commit |
+//! | the work failed, the database failed, in progress elsewhere (Redis) | `-NAK`: JetStream redelivers it |
+//! | no event id | `+TERM`: never redelivered |
+//!
+//! A consumer that dies before its ack leaves the message pending: JetStream redelivers it
+//! after the consumer's `ack_wait`, and the redelivery finds the event processed (and is acked)
+//! or not committed (and runs the work). [`Handled::deliveries`] carries JetStream's delivery
+//! count.
+//!
+//! # Two layers of dedupe
+//!
+//! JetStream's own dedupe is on the **publish** side: a message published with a
+//! `Nats-Msg-Id` header that the stream saw within its `duplicate_window` (default two minutes)
+//! is dropped, and the publish ack says `duplicate: true`. That stops a publisher's retry (a
+//! publish whose ack was lost) from storing the event twice, cheaply and before any consumer
+//! sees it. It cannot help with what happens after the stream:
+//!
+//! - **redeliveries**: a consumer that crashed after its commit but before its ack gets the
+//!   same stored message again, by design;
+//! - **duplicates outside the window**: a publisher that retries after the window (an outbox
+//!   relay restarted an hour later), or two producers of one event.
+//!
+//! The consumer-side mark covers both, for as long as its retention. Use both: set
+//! `Nats-Msg-Id` to the event id when publishing, and let the consumer dedupe on the same id.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn run(ledger: tower_idempotency_consumer::PgConsumer) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use futures_util::StreamExt;
+//! use tower_idempotency_consumer::nats::{self, async_nats::jetstream};
+//!
+//! let client = nats::async_nats::connect("127.0.0.1:4222").await?;
+//! let stream = jetstream::new(client).get_stream("PAYMENTS").await?;
+//! let consumer: jetstream::consumer::PullConsumer = stream.get_consumer("ledger").await?;
+//! let mut messages = consumer.messages().await?;
+//! while let Some(message) = messages.next().await {
+//!     let message = message?;
+//!     let cents: i64 = std::str::from_utf8(&message.payload)?.parse()?;
+//!     let handled = nats::process_message(&ledger, &message, move |tx| {
+//!         Box::pin(async move {
+//!             sqlx::query("UPDATE accounts SET balance = balance + $1 WHERE id = 7")
+//!                 .bind(cents)
+//!                 .execute(&mut *tx)
+//!                 .await
+//!         })
+//!     })
+//!     .await?;
+//!     println!("{}: {:?}", handled.event_id, handled.settlement);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+
+pub use async_nats;
+use async_nats::{header::NATS_MESSAGE_ID, jetstream::message::AckKind, jetstream::Message};
+use futures_util::future::BoxFuture;
+
+pub use crate::delivery::{Handled, SettleError, Settlement};
+use crate::{delivery::settles, Consumer, Error};
+
+/// [`process_message_as`] with the event id from the message's `Nats-Msg-Id` header.
+pub async fn process_message<C, T, E, F>(
+    consumer: &C,
+    message: &Message,
+    work: F,
+) -> Result<Handled<T, E>, SettleError>
+where
+    C: Consumer,
+    T: Send,
+    E: fmt::Display + Send,
+    F: for<'c> FnOnce(&'c mut C::Context) -> BoxFuture<'c, Result<T, E>> + Send,
+{
+    let event_id = message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(NATS_MESSAGE_ID))
+        .map(|id| id.as_str().to_owned());
+    process_message_as(consumer, message, event_id.as_deref(), work).await
+}
+
+/// Run `work` for the event `event_id` (carried by `message`) through `consumer`, then ack, nak
+/// or terminate the message (see the [module docs](self)). `None` or an empty id terminates it
+/// with [`Error::MissingEventId`]. The payload is kept with a failed event, for
+/// [replaying](crate::sql::SqlConsumer::replay) it.
+pub async fn process_message_as<C, T, E, F>(
+    consumer: &C,
+    message: &Message,
+    event_id: Option<&str>,
+    work: F,
+) -> Result<Handled<T, E>, SettleError>
+where
+    C: Consumer,
+    T: Send,
+    E: fmt::Display + Send,
+    F: for<'c> FnOnce(&'c mut C::Context) -> BoxFuture<'c, Result<T, E>> + Send,
+{
+    let deliveries = message
+        .info()
+        .ok()
+        .map(|info| info.delivered.max(0).unsigned_abs());
+    let redelivered = deliveries.is_some_and(|count| count > 1);
+    let Some(event_id) = event_id.filter(|id| !id.is_empty()) else {
+        tracing::warn!(target: "tower_idempotency_consumer", consumer = consumer.name(), "a message without an event id cannot be deduplicated: terminated");
+        message
+            .ack_with(AckKind::Term)
+            .await
+            .map_err(|err| SettleError::new(BoxedError(err)))?;
+        return Ok(Handled {
+            event_id: String::new(),
+            redelivered,
+            deliveries,
+            result: Err(Error::MissingEventId),
+            settlement: Settlement::Rejected,
+        });
+    };
+    let result = consumer
+        .process_once_with_payload(event_id, Some(&message.payload), work)
+        .await;
+    let settlement = if settles(&result) {
+        // Double ack: the server confirms it has the ack, so "acked" here means acked there.
+        message
+            .double_ack()
+            .await
+            .map_err(|err| SettleError::new(BoxedError(err)))?;
+        Settlement::Acked
+    } else {
+        message
+            .ack_with(AckKind::Nak(None))
+            .await
+            .map_err(|err| SettleError::new(BoxedError(err)))?;
+        Settlement::Requeued
+    };
+    Ok(Handled {
+        event_id: event_id.to_owned(),
+        redelivered,
+        deliveries,
+        result,
+        settlement,
+    })
+}
+
+/// async-nats' boxed error, as an error type of its own.
+#[derive(Debug)]
+struct BoxedError(async_nats::Error);
+
+impl fmt::Display for BoxedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for BoxedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}

@@ -1,0 +1,452 @@
+//! The MySQL / MariaDB store (feature `mysql`): for applications whose data lives in InnoDB.
+//!
+//! Records live in the table `idempotency_records`, in the same database as the data they
+//! protect, which is what makes [transactional mode](crate::transaction) possible: the handler's
+//! writes and the saved response commit together. Tested against MariaDB 10.11; the SQL is that
+//! of MySQL 8 as well.
+//!
+//! ```no_run
+//! use tower_idempotency::{store::mysql::{sqlx::MySqlPool, MySqlStore}, Idempotency};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = MySqlPool::connect("mysql://root@localhost/app").await?;
+//! let store = MySqlStore::new(pool.clone());
+//! store.migrate().await?; // creates idempotency_records if needed
+//! let layer = Idempotency::new(store); // or Idempotency::mysql(pool) if migrated elsewhere
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Atomicity
+//!
+//! Every write is one SQL statement, run in autocommit mode, so no lock outlives it. A claim
+//! runs at most two:
+//!
+//! 1. a consistent (non-locking) `SELECT` answers the losing cases that hold until the record
+//!    expires (replays, duplicates in flight, mismatches) without a write or a row lock;
+//! 2. otherwise one `INSERT .. ON DUPLICATE KEY UPDATE` decides every outcome under the primary
+//!    key's exclusive lock, on the row's latest committed version, and returns the outcome in
+//!    its OK packet through `LAST_INSERT_ID(code)`: no second statement, and it is the same on
+//!    MySQL 8 (which has no `INSERT .. RETURNING`) and MariaDB.
+//!
+//! The statement, and why exactly one of any number of concurrent attempts wins under InnoDB's
+//! locking at READ COMMITTED and at REPEATABLE READ (the tests run both), with its text:
+//!
+//! ```sql
+#![doc = include_str!("claim.sql")]
+//! ```
+//!
+//! A record completed between the two statements (the claim reports `done`) is read again by
+//! the first. Time is the database's: `UTC_TIMESTAMP(6)` in milliseconds, never the
+//! application's clock nor the session's time zone.
+//!
+//! Each statement on the pool runs in a task of its own, so a store timeout that stops waiting
+//! for it does not cancel it halfway through MySQL's protocol (sqlx's MySQL connection does not
+//! recover from a statement dropped while it is prepared); the save inside the handler's
+//! transaction is a text statement, which needs no prepare, for the same reason.
+//!
+//! No `SELECT .. FOR UPDATE` is held across a handler: a claim is committed before the handler
+//! runs, and an in-flight duplicate waits on a row lock only while another claim, a `complete`
+//! or, in transactional mode, the `COMMIT` after the save, is under way.
+//!
+//! # Errors
+//!
+//! Deadlocks (1213) are a [`Conflict`](StoreErrorKind::Conflict): nothing was written, and the
+//! layer retries the claim before it answers 503. A lock wait timeout (1205), too many
+//! connections, a full disk, a read-only server and a shutdown are
+//! [`Unavailable`](StoreErrorKind::Unavailable) (503). A value the schema refuses (data too long,
+//! an incorrect value) is a [`Backend`](StoreErrorKind::Backend) error (500), not an outage.
+//!
+//! # Migrations
+//!
+//! [`MySqlStore::migrate`] applies the embedded migrations and tracks them in its own table,
+//! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. It takes
+//! sqlx's named lock (`GET_LOCK`), so several instances may call it at start-up at once.
+//!
+//! If you run your own migrations instead, this is the schema the store expects
+//! (`migrations/mysql/0001_idempotency_records.sql`, included here verbatim):
+//!
+//! ```sql
+#![doc = include_str!("../../../migrations/mysql/0001_idempotency_records.sql")]
+//! ```
+//!
+//! # Waiting
+//!
+//! MySQL cannot notify other connections. [`Store::wait_for_change`] wakes early when this
+//! store (or a clone of it) completes or releases the key in this process; otherwise it waits for
+//! the timeout the layer gives (its poll interval), so wait mode polls across instances and is
+//! always bounded.
+//!
+//! # Expiry
+//!
+//! Expired rows stay until swept: run a [`Sweeper`](crate::Sweeper) (or call
+//! [`Store::sweep`] from your own scheduler); each sweep is one `DELETE .. LIMIT`. An expired
+//! row is already treated as absent by `claim`, so sweeping is about space, not correctness.
+
+use std::{fmt, future::Future, sync::Arc, time::Duration};
+
+use sqlx::{
+    migrate::Migrator,
+    mysql::{MySql, MySqlPool},
+};
+use tokio::time::Instant;
+
+pub use sqlx;
+
+use super::sql::{self, Waiters};
+use super::{
+    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreErrorKind,
+    StoredResponse, TransactionalStore,
+};
+use crate::key::KeyHash;
+
+pub(super) mod error;
+mod queries;
+
+use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, FORGET, GET, LIVE, RELEASE, RENEW, SWEEP};
+
+/// The parameters and the claim row, as every SQL store binds and reads them.
+type Codec = sql::Codec<MySql>;
+
+/// How many times a claim runs when the record changed between its read and its write (it was
+/// completed, then the read finds it done; or it was released and swept, then the write
+/// inserts). Two settle it in practice; more only guard against pathological churn.
+const CLAIM_ATTEMPTS: usize = 8;
+
+/// What the claim statement decided, from its insert id (see [`CLAIM`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Code {
+    /// No row: inserted (insert id 0), or an expired row claimed afresh (1).
+    Claimed,
+    /// A running row with a lapsed lease and this fingerprint, taken over (2).
+    TakenOver,
+    /// Another fingerprint (3).
+    Mismatch,
+    /// Done: the saved response is read by the next attempt's first statement (4).
+    Done,
+    /// Running under a valid lease, with this much left (5 + milliseconds).
+    InFlight(Duration),
+}
+
+impl Code {
+    fn from_insert_id(id: u64) -> Self {
+        match id {
+            0 | 1 => Code::Claimed,
+            2 => Code::TakenOver,
+            3 => Code::Mismatch,
+            4 => Code::Done,
+            n => Code::InFlight(Duration::from_millis(n - 5)),
+        }
+    }
+}
+
+/// A [`Store`] on MySQL or MariaDB, through an sqlx [`MySqlPool`].
+///
+/// Cloning is cheap and shares the pool and the waiters of this process.
+///
+/// ```no_run
+/// use tower_idempotency::store::mysql::{sqlx::MySqlPool, MySqlStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MySqlStore::new(MySqlPool::connect("mysql://root@localhost/app").await?);
+/// store.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MySqlStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: MySqlPool,
+    waiters: Arc<Waiters>,
+}
+
+impl MySqlStore {
+    /// A store on `pool`. Nothing is sent to the database until the first operation.
+    pub fn new(pool: MySqlPool) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                waiters: Arc::default(),
+            }),
+        }
+    }
+
+    /// The pool the store runs on.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.inner.pool
+    }
+
+    /// Create or upgrade the `idempotency_records` table.
+    ///
+    /// Applied versions are tracked in `_tower_idempotency_migrations`, so this never touches
+    /// the application's `_sqlx_migrations`. Safe to call on every start, from several processes
+    /// at once: sqlx serialises them with a named lock (`GET_LOCK`).
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::mysql::MySqlStore) {
+    /// store.migrate().await.expect("idempotency migrations");
+    /// # }
+    /// ```
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        migrator()
+            .run(&self.inner.pool)
+            .await
+            .map_err(|err| StoreError::new(StoreErrorKind::Migration, err))
+    }
+
+    /// Check, without changing anything, that `idempotency_records` exists with every column
+    /// this version uses: for applications that apply `migrations/mysql/` with their own tool
+    /// and want a clear error at startup rather than at the first request.
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::mysql::MySqlStore) {
+    /// store.check_schema().await.expect("idempotency schema current");
+    /// # }
+    /// ```
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        sqlx::query(CHECK_SCHEMA)
+            .execute(&self.inner.pool)
+            .await
+            .map(drop)
+            .map_err(|err| {
+                StoreError::new(
+                    StoreErrorKind::Migration,
+                    format!(
+                        "the table idempotency_records is missing or not current ({err}); call MySqlStore::migrate() at startup, or apply migrations/mysql/ (0001_idempotency_records.sql) with your migration tool"
+                    ),
+                )
+            })
+    }
+}
+
+fn migrator() -> Migrator {
+    sql::migrator(&[(
+        1,
+        "idempotency records",
+        include_str!("../../../migrations/mysql/0001_idempotency_records.sql"),
+    )])
+}
+
+impl fmt::Debug for MySqlStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlStore")
+            .field("pool", &self.inner.pool)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for MySqlStore {
+    fn name(&self) -> &'static str {
+        "mysql"
+    }
+
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
+        let claim = claim.clone();
+        let pool = self.inner.pool.clone();
+        // Both statements on one connection: each pool checkout costs sqlx a ping.
+        detached(async move {
+            let mut conn = pool.acquire().await?;
+            for _ in 0..CLAIM_ATTEMPTS {
+                let live = sqlx::query(LIVE)
+                    .bind(claim.fingerprint.as_bytes().as_slice())
+                    .bind(claim.key.as_bytes().as_slice())
+                    .bind(claim.fingerprint.as_bytes().as_slice())
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                if let Some(row) = live {
+                    return Ok(Codec::claim_outcome(&row));
+                }
+                let arguments = match Codec::claim(&claim) {
+                    Ok(arguments) => arguments,
+                    Err(err) => return Ok(Err(err)),
+                };
+                let done = sqlx::query_with(CLAIM, arguments)
+                    .execute(&mut *conn)
+                    .await?;
+                match Code::from_insert_id(done.last_insert_id()) {
+                    Code::Claimed => return Ok(Ok(ClaimOutcome::claimed())),
+                    Code::TakenOver => return Ok(Ok(ClaimOutcome::taken_over())),
+                    Code::Mismatch => return Ok(Ok(ClaimOutcome::Mismatch)),
+                    Code::InFlight(left) => return Ok(Ok(ClaimOutcome::in_flight(left))),
+                    // Completed since the read: the next read answers with the saved response.
+                    Code::Done => tracing::trace!(target: "tower_idempotency", "claim found a record completed since its read; reading again"),
+                }
+            }
+            Ok(Err(StoreError::new(
+                StoreErrorKind::Backend,
+                "the claim kept racing with concurrent completions",
+            )))
+        })
+        .await?
+    }
+
+    async fn renew(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Fenced, StoreError> {
+        let write = sqlx::query_with(RENEW, Codec::renew_set_first(key, token, lease)?);
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
+        Ok(Fenced::from_rows(done.rows_affected()))
+    }
+
+    async fn complete(
+        &self,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        let write = sqlx::query_with(COMPLETE, Codec::complete_set_first(key, token, response)?);
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
+        Ok(self
+            .inner
+            .announce(key, Fenced::from_rows(done.rows_affected())))
+    }
+
+    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
+        let write = sqlx::query_with(RELEASE, Codec::held(key, token)?);
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
+        Ok(self
+            .inner
+            .announce(key, Fenced::from_rows(done.rows_affected())))
+    }
+
+    async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
+        let write = sqlx::query(SWEEP).bind(i64::from(batch));
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        // Nothing to watch: changes are announced in this process only (see `Inner::announce`);
+        // across instances the layer's next claim, one poll interval later, sees them.
+        sql::wait_for_change(&self.inner.waiters, key, deadline, async { true }).await;
+    }
+
+    async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
+        let read = sqlx::query(GET).bind(key.as_bytes().to_vec());
+        let pool = self.inner.pool.clone();
+        let row = detached(async move { read.fetch_optional(&pool).await }).await?;
+        row.as_ref().map(record_info).transpose()
+    }
+
+    async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
+        let write = sqlx::query(FORGET).bind(key.as_bytes().to_vec());
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
+        Ok(self
+            .inner
+            .announce(key, Fenced::from_rows(done.rows_affected()))
+            .applied())
+    }
+}
+
+/// A row of [`GET`] as the record it describes.
+fn record_info(row: &sqlx::mysql::MySqlRow) -> Result<RecordInfo, StoreError> {
+    use sqlx::Row;
+    let millis = |column: &str| -> Result<Duration, StoreError> {
+        Ok(Duration::from_millis(
+            u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0),
+        ))
+    };
+    let expires_in = millis("expires_ms")?;
+    match row.try_get::<&str, _>("state")? {
+        "running" => Ok(RecordInfo::running(millis("lease_ms")?, expires_in)),
+        "done" => {
+            let status: i32 = row.try_get("status")?;
+            let status = u16::try_from(status)
+                .map_err(|_| StoreError::corrupt("a saved status is out of range"))?;
+            let headers: Vec<u8> = row.try_get("headers")?;
+            let body: Vec<u8> = row.try_get("body")?;
+            let response = StoredResponse::from_parts(status, &headers, body.into())?;
+            Ok(RecordInfo::done(response, expires_in))
+        }
+        _ => Err(StoreError::corrupt("a record has an unknown state")),
+    }
+}
+
+impl TransactionalStore for MySqlStore {
+    type Database = MySql;
+
+    fn pool(&self) -> &MySqlPool {
+        &self.inner.pool
+    }
+
+    /// Waiters are woken as soon as the update is made, before the commit: their next claim
+    /// reads the record as committed, still running until the commit lands (and then waits
+    /// again, a poll interval at most), done after it.
+    async fn complete_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, MySql>,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        let done = sqlx::raw_sql(sqlx::AssertSqlSafe(queries::complete_text(
+            key, token, response,
+        )))
+        .execute(&mut **tx)
+        .await?;
+        Ok(self
+            .inner
+            .announce(key, Fenced::from_rows(done.rows_affected())))
+    }
+}
+
+impl Inner {
+    /// Wake this process's waiters on `key` if the write was applied: MySQL cannot notify other
+    /// connections, so this is the only announcement of a change.
+    fn announce(&self, key: &KeyHash, fenced: Fenced) -> Fenced {
+        if fenced.applied() {
+            self.waiters.wake(key);
+        }
+        fenced
+    }
+}
+
+/// Run a statement on the pool in a task of its own, so that a caller who stops waiting (the
+/// layer's store timeout) does not cancel it halfway through MySQL's protocol.
+///
+/// sqlx's MySQL connection cannot recover from a statement dropped while it is being prepared
+/// (the first use of a statement on a connection): it waits for an answer the server never sends,
+/// and the pool's check of the returned connection hangs with it, a pool slot lost for good. In
+/// its own task the statement runs to its end and returns the connection whole; its result, if
+/// nobody waits any more, is dropped. The layer already accounts for a write that lands after its
+/// timeout (a claim that lands late holds the key until its lease lapses).
+async fn detached<T: Send + 'static>(
+    statement: impl Future<Output = Result<T, sqlx::Error>> + Send + 'static,
+) -> Result<T, StoreError> {
+    match tokio::spawn(statement).await {
+        Ok(result) => Ok(result?),
+        Err(err) => Err(StoreError::new(StoreErrorKind::Backend, err)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn insert_ids_decode_to_outcomes() {
+        assert_eq!(Code::from_insert_id(0), Code::Claimed);
+        assert_eq!(Code::from_insert_id(1), Code::Claimed);
+        assert_eq!(Code::from_insert_id(2), Code::TakenOver);
+        assert_eq!(Code::from_insert_id(3), Code::Mismatch);
+        assert_eq!(Code::from_insert_id(4), Code::Done);
+        assert_eq!(Code::from_insert_id(5), Code::InFlight(Duration::ZERO));
+        assert_eq!(
+            Code::from_insert_id(5 + 1500),
+            Code::InFlight(Duration::from_millis(1500))
+        );
+    }
+}

@@ -1,0 +1,193 @@
+//! The SQL of the MySQL store, one statement per operation.
+//!
+//! MySQL numbers its `?` parameters by position, so each statement's comment gives the order
+//! it binds them in. Every statement is valid on MySQL 8 and on MariaDB 10.11; where the two
+//! differ, the comment says which form is used and why.
+
+use crate::{
+    key::KeyHash,
+    store::{FencingToken, StoredResponse},
+};
+
+/// The database's clock in milliseconds since the Unix epoch.
+///
+/// `UTC_TIMESTAMP(6)` does not depend on the session's `time_zone`, and `TIMESTAMPDIFF`
+/// between two `DATETIME`s is plain arithmetic, so every connection and every instance agrees
+/// (`UNIX_TIMESTAMP(NOW(6))` would go through the session's time zone, which is ambiguous in the
+/// hour a daylight-saving zone repeats). MySQL and MariaDB evaluate it once per statement.
+macro_rules! now_ms {
+    () => {
+        "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED)"
+    };
+}
+
+/// Read, without a lock, a live record that cannot be claimed: another fingerprint, `done`, or
+/// `running` under a valid lease. Those states hold until the record expires (a lease can only
+/// lapse, which [`CLAIM`] handles), so replays, duplicates in flight and mismatches are answered
+/// by this consistent read alone: no row lock that replays of a hot key would queue on, no write.
+///
+/// Binds 1 fingerprint, 2 key, 3 fingerprint. Columns as [`sql::Codec::claim_outcome`] reads
+/// them.
+///
+/// [`sql::Codec::claim_outcome`]: super::super::sql::Codec::claim_outcome
+pub(super) const LIVE: &str = concat!(
+    r#"
+SELECT CASE WHEN r.fingerprint <> ? THEN 'mismatch'
+            WHEN r.state = 'done' THEN 'done'
+            ELSE 'in_flight' END AS outcome,
+       FALSE AS taken_over,
+       GREATEST(0, r.lease_until - clock.now) AS lease_remaining_ms,
+       r.status, r.headers, r.body
+FROM idempotency_records AS r,
+     (SELECT "#,
+    now_ms!(),
+    r#" AS now) AS clock
+WHERE r.`key` = ?
+  AND r.expires_at > clock.now
+  AND (r.fingerprint <> ? OR r.state = 'done' OR r.lease_until > clock.now)
+"#
+);
+
+/// The claim: one `INSERT .. ON DUPLICATE KEY UPDATE` that decides every outcome under the
+/// primary key's row lock and reports it in the statement's OK packet. The file explains the
+/// statement and why it is atomic under InnoDB; the module docs show it.
+///
+/// Binds 1 key, 2 fingerprint, 3 token, 4 lease and 5 retention in milliseconds (the order of
+/// `sql::Codec::claim`). The insert id it returns decodes as [`Code`](super::Code).
+pub(super) const CLAIM: &str = include_str!("claim.sql");
+
+/// Extend the lease of the running record held with the token.
+///
+/// Binds 1 lease in milliseconds, 2 key, 3 token (`sql::Codec::renew_set_first`). sqlx asks
+/// for found rows (`CLIENT_FOUND_ROWS`), so a renewal that writes the same `lease_until` still
+/// counts its row.
+pub(super) const RENEW: &str = concat!(
+    "
+UPDATE idempotency_records
+SET lease_until = ",
+    now_ms!(),
+    " + ?
+WHERE `key` = ? AND token = ? AND state = 'running'
+"
+);
+
+/// Save the response on the running record held with the token (its expiry unchanged).
+///
+/// Binds 1 status, 2 headers, 3 body, 4 key, 5 token (`sql::Codec::complete_set_first`).
+pub(super) const COMPLETE: &str = "
+UPDATE idempotency_records
+SET state = 'done', status = ?, headers = ?, body = ?
+WHERE `key` = ? AND token = ? AND state = 'running'
+";
+
+/// [`COMPLETE`] as one text statement with its values written in, for the save inside the
+/// handler's transaction: a text statement needs no prepare, so a save the layer stops waiting
+/// for (its store timeout drops the transaction) leaves sqlx's connection able to roll back and
+/// return to the pool; a prepared statement dropped while it is being prepared does not (see
+/// `detached`). Every value is the layer's own bytes written as a hex literal, and the status a
+/// number: no text from a request reaches the statement.
+pub(super) fn complete_text(
+    key: &KeyHash,
+    token: FencingToken,
+    response: &StoredResponse,
+) -> String {
+    let headers = response.encode_headers();
+    let mut sql = String::with_capacity(160 + 2 * (headers.len() + response.body.len()));
+    sql.push_str("UPDATE idempotency_records SET state = 'done', status = ");
+    sql.push_str(&response.status.as_u16().to_string());
+    sql.push_str(", headers = ");
+    push_hex(&mut sql, &headers);
+    sql.push_str(", body = ");
+    push_hex(&mut sql, &response.body);
+    sql.push_str(" WHERE `key` = ");
+    push_hex(&mut sql, key.as_bytes());
+    sql.push_str(" AND token = ");
+    push_hex(&mut sql, token.as_uuid().as_bytes());
+    sql.push_str(" AND state = 'running'");
+    sql
+}
+
+/// `bytes` as a MySQL hex literal, `X'..'` (`X''` is the empty string, a valid empty body).
+fn push_hex(sql: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    sql.push_str("X'");
+    for byte in bytes {
+        sql.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        sql.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+    sql.push('\'');
+}
+
+/// Delete the running record held with the token.
+///
+/// Binds 1 key, 2 token (`sql::Codec::held`).
+pub(super) const RELEASE: &str = "
+DELETE FROM idempotency_records
+WHERE `key` = ? AND token = ? AND state = 'running'
+";
+
+/// Operators' read of one live record (`Store::get`), its times left by the database's clock.
+///
+/// Binds 1 key.
+pub(super) const GET: &str = concat!(
+    "
+SELECT r.state, r.status, r.headers, r.body,
+    GREATEST(0, r.lease_until - clock.now) AS lease_ms,
+    GREATEST(0, r.expires_at - clock.now) AS expires_ms
+FROM idempotency_records AS r, (SELECT ",
+    now_ms!(),
+    " AS now) AS clock
+WHERE r.`key` = ? AND r.expires_at > clock.now
+"
+);
+
+/// Operators' delete of one record, whatever its state (`Store::forget`). Binds 1 key.
+pub(super) const FORGET: &str = "DELETE FROM idempotency_records WHERE `key` = ?";
+
+/// Reads every column this version uses, and no row: fails when the table or a column is missing.
+pub(super) const CHECK_SCHEMA: &str = "SELECT `key`, fingerprint, token, state, status, headers, \
+     body, created_at, lease_until, expires_at FROM idempotency_records WHERE FALSE";
+
+/// Delete up to `?` expired records, oldest first, through the `expires_at` index.
+///
+/// One bounded statement: under REPEATABLE READ it locks the index range it scans (expired
+/// entries, which no claim inserts into: a new record expires in the future), under READ
+/// COMMITTED only the rows it deletes.
+pub(super) const SWEEP: &str = concat!(
+    "
+DELETE FROM idempotency_records
+WHERE expires_at <= ",
+    now_ms!(),
+    "
+ORDER BY expires_at
+LIMIT ?
+"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_save_writes_every_value_as_a_literal() {
+        let response = StoredResponse::new(
+            http::StatusCode::CREATED,
+            http::HeaderMap::new(),
+            bytes::Bytes::from_static(b"\x00'\\;"),
+        );
+        let token = FencingToken::from_uuid(uuid::Uuid::from_bytes([0xab; 16]));
+        let sql = complete_text(&KeyHash([1; 32]), token, &response);
+        assert!(
+            sql.contains("status = 201, headers = X'', body = X'00275c3b'"),
+            "{sql}"
+        );
+        assert!(
+            sql.contains(&format!("`key` = X'{}'", "01".repeat(32))),
+            "{sql}"
+        );
+        assert!(
+            sql.contains(&format!("token = X'{}'", "ab".repeat(16))),
+            "{sql}"
+        );
+    }
+}

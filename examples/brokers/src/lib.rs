@@ -1,0 +1,144 @@
+//! Consumers on real brokers that apply each event once: the event's effect and its processed
+//! mark commit in one PostgreSQL transaction, and the delivery is acknowledged after the commit.
+//!
+//! Run with (each reads its settings from the environment, see the binaries):
+//!
+//! ```text
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test AMQP_URL=amqp://127.0.0.1:5672/%2f QUEUE=payments \
+//!     cargo run -p broker-consumers-example --bin rabbitmq-consumer
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test NATS_URL=127.0.0.1:4222 STREAM=PAYMENTS CONSUMER=ledger \
+//!     cargo run -p broker-consumers-example --bin nats-consumer
+//! ```
+//!
+//! An event is JSON, `{"id": "evt_1", "amountCents": 4000}`; its effect is one row in
+//! `effects`. The table has no unique key on purpose: a second application of one event would
+//! show as a second row, which is what the proof tests look for.
+//!
+//! Each settled delivery is reported on stdout as one line (see [`report`]), so that a test
+//! (or you) can follow the stream: `settled event=evt_1 outcome=applied redelivered=false`.
+
+use std::io::Write;
+
+use serde::Deserialize;
+use sqlx::{PgConnection, PgPool};
+use tower_idempotency_consumer::{Error, Outcome, PgConsumer};
+
+pub mod nats;
+pub mod rabbitmq;
+
+/// The consumer name the events are recorded under.
+pub const CONSUMER: &str = "ledger";
+
+/// An event as the producers publish it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// The event's id: the same for every copy and redelivery of one event.
+    pub id: String,
+    /// The amount the event moves, in cents.
+    pub amount_cents: i64,
+}
+
+/// The `id` of an event body, if it has one.
+pub fn event_id(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Id {
+        id: String,
+    }
+    serde_json::from_slice::<Id>(body)
+        .ok()
+        .map(|event| event.id)
+}
+
+/// Create the consumer's `processed_events` and the example's `effects` table.
+pub async fn migrate(pool: &PgPool) -> Result<PgConsumer, Box<dyn std::error::Error>> {
+    let consumer = PgConsumer::new(pool.clone(), CONSUMER);
+    consumer.migrate().await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS effects (
+             event_id     text        NOT NULL,
+             amount_cents bigint      NOT NULL,
+             applied_at   timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .execute(pool)
+    .await?;
+    Ok(consumer)
+}
+
+/// The event's effect, in the transaction that holds its processed mark. A body that is not an
+/// event fails the work: counted, and parked after the consumer's maximum attempts.
+pub async fn apply(tx: &mut PgConnection, body: &[u8]) -> Result<(), sqlx::Error> {
+    let event: Event = serde_json::from_slice(body)
+        .map_err(|err| sqlx::Error::Decode(format!("not an event: {err}").into()))?;
+    sqlx::query("INSERT INTO effects (event_id, amount_cents) VALUES ($1, $2)")
+        .bind(&event.id)
+        .bind(event.amount_cents)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// One line on stdout for a settled delivery:
+/// `settled event=<id> outcome=<applied|duplicate|parked|failed|no-id> redelivered=<bool>`.
+///
+/// Printed after the acknowledgement, and flushed, so a reader sees it as soon as it is true.
+pub fn report(event_id: &str, result: &Result<Outcome<()>, Error<sqlx::Error>>, redelivered: bool) {
+    let outcome = match result {
+        Ok(Outcome::Processed(())) => "applied",
+        Ok(Outcome::Duplicate) => "duplicate",
+        Ok(_) | Err(Error::Parked(_)) => "parked",
+        Err(Error::MissingEventId) => "no-id",
+        Err(_) => "failed",
+    };
+    if let Err(err) = result {
+        tracing::warn!(event = event_id, error = %err, "the event's work did not commit");
+    }
+    let mut out = std::io::stdout().lock();
+    // A closed stdout (the reader went away) must not stop the consumer.
+    let _ = writeln!(
+        out,
+        "settled event={event_id} outcome={outcome} redelivered={redelivered}"
+    );
+    let _ = out.flush();
+}
+
+/// The environment variable `name`, or an error that names it.
+pub fn env(name: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| format!("{name} is not set"))
+}
+
+/// Log to stderr at `RUST_LOG` (default `info`), keeping stdout for [`report`] lines.
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Resolves on SIGTERM or Ctrl-C: the consumers then stop taking deliveries, finish (and ack)
+/// the ones they hold, and exit.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

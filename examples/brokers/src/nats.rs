@@ -1,0 +1,97 @@
+//! The NATS JetStream consumer: a durable pull consumer with explicit acks, each message in its
+//! own task.
+
+use std::{future::Future, time::Duration};
+
+use futures_util::StreamExt;
+use sqlx::PgPool;
+use tokio::task::JoinSet;
+use tower_idempotency_consumer::nats::{
+    self,
+    async_nats::{self, jetstream},
+};
+
+use crate::{apply, event_id, migrate, report};
+
+/// Where the consumer reads from.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The server, e.g. `127.0.0.1:4222`.
+    pub nats_url: String,
+    /// The stream; it must exist (the producers own it).
+    pub stream: String,
+    /// The durable consumer's name; created on the stream if missing.
+    pub consumer: String,
+    /// How long JetStream waits for an ack before it redelivers a message.
+    pub ack_wait: Duration,
+    /// How many unacknowledged messages JetStream hands out at once.
+    pub max_ack_pending: i64,
+}
+
+/// Consume until `shutdown` resolves, applying each event once on `pool`; then finish the
+/// messages in hand.
+///
+/// The event id is the body's `id`, not the `Nats-Msg-Id` header: a producer sets that header
+/// per publish attempt for the stream's own dedupe window, and a copy of the event republished
+/// later (or by another producer) may carry another one, or none.
+pub async fn run(
+    pool: PgPool,
+    settings: Settings,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let ledger = migrate(&pool).await?;
+    let client = async_nats::connect(&settings.nats_url)
+        .await
+        .map_err(|err| format!("cannot reach NATS at NATS_URL={}: {err}", settings.nats_url))?;
+    let stream = jetstream::new(client)
+        .get_stream(&settings.stream)
+        .await
+        .map_err(|err| format!("cannot open the stream STREAM={}: {err}", settings.stream))?;
+    let consumer = stream
+        .get_or_create_consumer(
+            &settings.consumer,
+            jetstream::consumer::pull::Config {
+                durable_name: Some(settings.consumer.clone()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: settings.ack_wait,
+                max_ack_pending: settings.max_ack_pending,
+                ..Default::default()
+            },
+        )
+        .await?;
+    let mut messages = consumer.messages().await?;
+    tracing::info!(stream = %settings.stream, consumer = %settings.consumer, "consuming");
+
+    let mut in_hand = JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let message = tokio::select! {
+            () = &mut shutdown => break,
+            message = messages.next() => message,
+        };
+        let Some(message) = message else { break };
+        let message = message?;
+        let ledger = ledger.clone();
+        in_hand.spawn(async move {
+            let body = message.payload.to_vec();
+            let event_id = event_id(&body);
+            let handled =
+                nats::process_message_as(&ledger, &message, event_id.as_deref(), move |tx| {
+                    Box::pin(async move { apply(tx, &body).await })
+                })
+                .await;
+            match handled {
+                Ok(handled) => report(&handled.event_id, &handled.result, handled.redelivered),
+                // Not acked: JetStream redelivers it after ack_wait, as a duplicate.
+                Err(err) => tracing::warn!(error = %err, "acknowledging a message failed"),
+            }
+        });
+        while in_hand.try_join_next().is_some() {}
+    }
+    tracing::info!(
+        in_hand = in_hand.len(),
+        "stopping: finishing the messages in hand"
+    );
+    while in_hand.join_next().await.is_some() {}
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! The RabbitMQ consumer: manual acks, a bounded prefetch, each delivery in its own task.
+
+use std::future::Future;
+
+use futures_util::StreamExt;
+use sqlx::PgPool;
+use tokio::task::JoinSet;
+use tower_idempotency_consumer::rabbitmq::{
+    self,
+    lapin::{
+        options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions},
+        types::FieldTable,
+        Connection, ConnectionProperties,
+    },
+};
+
+use crate::{apply, migrate, report};
+
+/// Where the consumer reads from.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The broker, e.g. `amqp://127.0.0.1:5672/%2f`.
+    pub amqp_url: String,
+    /// The queue; declared (durable) if missing.
+    pub queue: String,
+    /// How many unacknowledged deliveries the broker hands out at once (and so how many run
+    /// concurrently).
+    pub prefetch: u16,
+}
+
+/// Consume `settings.queue` until `shutdown` resolves, applying each event once on `pool`;
+/// then finish the deliveries in hand and close the connection.
+pub async fn run(
+    pool: PgPool,
+    settings: Settings,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let consumer = migrate(&pool).await?;
+    let connection = Connection::connect(&settings.amqp_url, ConnectionProperties::default())
+        .await
+        .map_err(|err| {
+            format!(
+                "cannot reach RabbitMQ at AMQP_URL={}: {err}",
+                settings.amqp_url
+            )
+        })?;
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(settings.prefetch, BasicQosOptions::default())
+        .await?;
+    channel
+        .queue_declare(
+            settings.queue.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await?;
+    // Manual acknowledgements (`no_ack: false`): a delivery stays the broker's until acked.
+    let mut deliveries = channel
+        .basic_consume(
+            settings.queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    tracing::info!(queue = %settings.queue, prefetch = settings.prefetch, "consuming");
+
+    let mut in_hand = JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let delivery = tokio::select! {
+            () = &mut shutdown => break,
+            delivery = deliveries.next() => delivery,
+        };
+        let Some(delivery) = delivery else { break };
+        let delivery = delivery?;
+        let consumer = consumer.clone();
+        in_hand.spawn(async move {
+            let body = delivery.data.clone();
+            let handled = rabbitmq::process_delivery(&consumer, &delivery, move |tx| {
+                Box::pin(async move { apply(tx, &body).await })
+            })
+            .await;
+            match handled {
+                Ok(handled) => report(&handled.event_id, &handled.result, handled.redelivered),
+                // Not acked: the broker redelivers it, and the redelivery is a duplicate.
+                Err(err) => tracing::warn!(error = %err, "acknowledging a delivery failed"),
+            }
+        });
+        // Reap finished tasks as we go, so the set holds only the deliveries in hand.
+        while in_hand.try_join_next().is_some() {}
+    }
+    tracing::info!(
+        in_hand = in_hand.len(),
+        "stopping: finishing the deliveries in hand"
+    );
+    while in_hand.join_next().await.is_some() {}
+    connection.close(200, "shutting down".into()).await?;
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! The RabbitMQ proof: 5,000 events, 10% published twice, the consumer SIGKILLed mid-stream
+//! four times and restarted; at the end every event has exactly one effect.
+//!
+//! Needs RabbitMQ at `AMQP_URL` (e.g. `amqp://127.0.0.1:5672/%2f`) and PostgreSQL at
+//! `DATABASE_URL`; a queue and a database of its own per run.
+
+mod common;
+
+use std::time::Instant;
+
+use common::{
+    assert_applied_once, distinct_effects, fresh_database, publications, required_env, unique_name,
+    Run, Tally, DEADLINE, EVENTS, KILLS, SETTLED_BEFORE_KILL,
+};
+use tower_idempotency_consumer::rabbitmq::lapin::{
+    options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions},
+    types::FieldTable,
+    BasicProperties, Channel, Connection, ConnectionProperties,
+};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_rabbitmq-consumer");
+
+/// Messages ready in `queue` (not delivered to any consumer).
+async fn ready(channel: &Channel, queue: &str) -> u32 {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("inspect the queue")
+        .message_count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_consumers_apply_every_event_once() {
+    let started = Instant::now();
+    let deadline = started + DEADLINE;
+    let amqp_url = required_env("AMQP_URL", "amqp://127.0.0.1:5672/%2f");
+    let (pool, database_url) = fresh_database().await;
+    let queue = unique_name("tidem_rabbitmq");
+
+    let connection = Connection::connect(&amqp_url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at AMQP_URL={amqp_url}: {e}"));
+    let channel = connection.create_channel().await.expect("a channel");
+    // The same declaration as the consumer's: durable, no arguments.
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare the queue");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("publisher confirms");
+    let publications = publications(&queue);
+    let mut confirms = Vec::with_capacity(publications.len());
+    for publication in &publications {
+        let properties = BasicProperties::default()
+            .with_message_id(publication.id.as_str().into())
+            .with_delivery_mode(2);
+        confirms.push(
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    &publication.body,
+                    properties,
+                )
+                .await
+                .expect("publish"),
+        );
+    }
+    for confirm in confirms {
+        let confirmation = confirm.await.expect("publisher confirm");
+        assert!(confirmation.is_ack(), "the broker took every message");
+    }
+
+    let envs = [
+        ("DATABASE_URL", database_url),
+        ("AMQP_URL", amqp_url.clone()),
+        ("QUEUE", queue.clone()),
+        ("PREFETCH", "32".to_owned()),
+    ];
+    let mut tally = Tally::default();
+    for _ in 0..KILLS {
+        Run::start(BINARY, &envs)
+            .kill_after(SETTLED_BEFORE_KILL, &mut tally, deadline)
+            .await;
+    }
+    Run::start(BINARY, &envs)
+        .finish_when(&mut tally, deadline, || async {
+            distinct_effects(&pool).await == EVENTS as i64 && ready(&channel, &queue).await == 0
+        })
+        .await;
+
+    assert_applied_once(&pool, &publications).await;
+    assert_eq!(
+        ready(&channel, &queue).await,
+        0,
+        "every message was acknowledged"
+    );
+    assert!(
+        tally.redelivered > 0,
+        "the kills caused redeliveries: {tally:?}"
+    );
+    assert!(
+        tally.duplicate > 0,
+        "duplicates reached the consumer and were absorbed: {tally:?}"
+    );
+    assert_eq!(tally.other, 0, "no delivery failed: {tally:?}");
+    common::report("RabbitMQ", &tally, publications.len(), started);
+
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .expect("delete the queue");
+    connection.close(200, "done".into()).await.expect("close");
+}
