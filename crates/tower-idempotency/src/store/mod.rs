@@ -30,9 +30,9 @@ mod memory;
 #[cfg(feature = "memory")]
 pub use memory::MemoryStore;
 
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 mod batch;
-#[cfg(feature = "sqlx")]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use batch::{BatchStats, Batching};
 #[cfg(feature = "mysql")]
 pub mod mysql;
@@ -607,7 +607,7 @@ impl StoreError {
 
     /// The same failure, for each of the operations that shared a failed batch: the kind, and
     /// the source's text.
-    #[cfg(feature = "sqlx")]
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn for_each_entry(&self) -> Self {
         match &self.source {
             Some(source) => Self::new(self.kind, source.to_string()),

@@ -94,6 +94,8 @@ where
         })
     }
 
+    // PostgreSQL writes held records in batches of arrays (postgres/batch.rs).
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
     /// The parameters of a write on the record held with `token` (`release`): 1 key, 2 token.
     pub(super) fn held(key: &KeyHash, token: FencingToken) -> Result<DB::Arguments, StoreError> {
         Self::encoded(|args| {
@@ -102,6 +104,8 @@ where
         })
     }
 
+    // PostgreSQL writes held records in batches of arrays (postgres/batch.rs).
+    #[cfg(any(feature = "sqlite", feature = "mysql"))]
     /// The parameters of `renew`: 1 key, 2 token, 3 lease in milliseconds.
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(super) fn renew(
