@@ -425,7 +425,8 @@ impl PostgresStore {
 }
 
 /// The connections the batches run on: the pool's own options, outside the pool, so batches
-/// never wait behind the application's queries for a connection, with generic plans forced.
+/// never wait behind the application's queries for a connection, with generic plans forced and
+/// no ping before each batch.
 ///
 /// The batch statements take arrays, and PostgreSQL would otherwise plan every execution anew for
 /// the arrays' actual contents (a custom plan), which for the claim costs more than running it:
@@ -442,6 +443,9 @@ fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
     PgPoolOptions::new()
         .max_connections(connections)
         .min_connections(0)
+        // A ping on every checkout is a round trip per batch; a dead connection fails the
+        // batch's statement instead, which answers 503 like any outage.
+        .test_before_acquire(false)
         .connect_lazy_with(options)
 }
 
