@@ -44,6 +44,8 @@
 //! Listed in the [install table](#install) above; every item that needs one says so in these docs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "admin")]
+pub mod admin;
 mod body;
 mod config;
 #[cfg(any(

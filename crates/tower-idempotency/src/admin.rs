@@ -1,0 +1,287 @@
+//! An admin router (`admin` feature): the operator verbs over HTTP, for any store.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /keys/{key}?scope=S[&body=true]` | 200 with the record (state, lease and expiry left, status, headers; the body only with `body=true`), 404 when there is none |
+//! | `DELETE /keys/{key}?scope=S` | 204 when a record was forgotten, 404 when there was none |
+//! | `POST /sweep?batch=N` | 200 `{"deleted": n}`: expired records deleted now |
+//!
+//! `scope` is what the layer scoped the key by (under the default scope, the caller's
+//! `Authorization` value); absent means anonymous. Errors are `application/problem+json`.
+//!
+//! # Warning
+//!
+//! The router has no authentication of its own: it can read saved answers and forget keys.
+//! Mount it behind your own auth layer, on an internal listener.
+//!
+//! ```
+//! use axum::Router;
+//! use tower_idempotency::{admin, store::{DynStore, MemoryStore}};
+//!
+//! let store = DynStore::new(MemoryStore::new());
+//! let app: Router = Router::new().nest("/admin/idempotency", admin::router(store));
+//! // .layer(your_auth_layer)
+//! # let _ = app;
+//! ```
+
+use std::time::Duration;
+
+use axum::{
+    extract::{Path, RawQuery, State},
+    http::{header, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+    Json, Router,
+};
+
+use crate::{
+    key::{IdempotencyKey, Scope},
+    store::{DynStore, RecordState, Store, StoreError},
+    sweeper::DEFAULT_SWEEP_BATCH,
+    KeyHash,
+};
+
+/// The admin routes over `store`; nest them where you like.
+pub fn router(store: DynStore) -> Router {
+    Router::new()
+        .route("/keys/{key}", get(inspect).delete(forget))
+        .route("/sweep", post(sweep))
+        .with_state(store)
+}
+
+/// The value of `name` in a query string (`%XX` and `+` decoded), if present.
+fn query_value(query: Option<&str>, name: &str) -> Option<String> {
+    query?.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name).then(|| percent_decode(value))
+    })
+}
+
+fn percent_decode(text: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let decoded = match bytes[i] {
+            b'+' => Some(b' '),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(high), Some(low)) => {
+                    i += 2;
+                    Some(high << 4 | low)
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        out.push(decoded.unwrap_or(bytes[i]));
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail.into(),
+    });
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn store_failed(err: &StoreError) -> Response {
+    tracing::error!(target: "tower_idempotency", error = %crate::observe::Chain(err), "admin: store operation failed");
+    let status = if err.is_transient() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    problem(
+        status,
+        format!("the store failed: {err}; the cause is in the server's log"),
+    )
+}
+
+/// The record's identity, as the layer computes it; the detail of a 400 when the key is invalid.
+fn key_hash(key: &str, query: Option<&str>) -> Result<KeyHash, String> {
+    let parsed = IdempotencyKey::parse(key.as_bytes())
+        .map_err(|reason| format!("not a valid Idempotency-Key: {reason}"))?;
+    let scope = query_value(query, "scope").unwrap_or_default();
+    Ok(parsed.scoped_hash(&Scope::new(scope)))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+async fn inspect(
+    State(store): State<DynStore>,
+    Path(key): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let hash = match key_hash(&key, query.as_deref()) {
+        Ok(hash) => hash,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, detail),
+    };
+    let with_body = query_value(query.as_deref(), "body").is_some_and(|v| v == "true");
+    let record = match store.get(&hash).await {
+        Ok(Some(record)) => record,
+        Ok(None) => {
+            return problem(
+                StatusCode::NOT_FOUND,
+                "no record for this key: never used, expired, or used under another scope",
+            )
+        }
+        Err(err) => return store_failed(&err),
+    };
+    let state = match record.state {
+        RecordState::Running => "running",
+        _ => "done",
+    };
+    let mut answer = serde_json::json!({
+        "keyHash": hash.to_hex(),
+        "state": state,
+        "expiresInMs": millis(record.expires_in),
+    });
+    if let Some(lease) = record.lease_remaining {
+        answer["leaseRemainingMs"] = millis(lease).into();
+    }
+    if let Some(response) = &record.response {
+        answer["status"] = response.status.as_u16().into();
+        answer["headers"] = response
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                serde_json::json!([name.as_str(), String::from_utf8_lossy(value.as_bytes())])
+            })
+            .collect();
+        answer["bodyBytes"] = response.body.len().into();
+        if with_body {
+            answer["body"] = String::from_utf8_lossy(&response.body).into_owned().into();
+        }
+    }
+    Json(answer).into_response()
+}
+
+async fn forget(
+    State(store): State<DynStore>,
+    Path(key): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let hash = match key_hash(&key, query.as_deref()) {
+        Ok(hash) => hash,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, detail),
+    };
+    match store.forget(&hash).await {
+        Ok(true) => {
+            tracing::warn!(target: "tower_idempotency", key_hash = %hash, "admin: key forgotten");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Ok(false) => problem(StatusCode::NOT_FOUND, "no record for this key"),
+        Err(err) => store_failed(&err),
+    }
+}
+
+async fn sweep(State(store): State<DynStore>, RawQuery(query): RawQuery) -> Response {
+    let batch = match query_value(query.as_deref(), "batch") {
+        None => DEFAULT_SWEEP_BATCH,
+        Some(text) => match text.parse::<u32>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "`batch` is a whole number of records per statement, at least 1",
+                )
+            }
+        },
+    };
+    let mut deleted = 0;
+    loop {
+        match store.sweep(batch).await {
+            Ok(n) => {
+                deleted += n;
+                if n < u64::from(batch) {
+                    break;
+                }
+            }
+            Err(err) => return store_failed(&err),
+        }
+    }
+    Json(serde_json::json!({ "deleted": deleted })).into_response()
+}
+
+#[cfg(all(test, feature = "memory"))]
+mod tests {
+    use axum::body::Body;
+    use http::{HeaderMap, Request};
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::{
+        fingerprint::Fingerprint,
+        store::{Claim, FencingToken, MemoryStore, StoredResponse},
+    };
+
+    async fn call(app: &Router, method: &str, uri: &str) -> (StatusCode, serde_json::Value) {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    #[tokio::test]
+    async fn inspect_forget_and_sweep_over_http() {
+        let store = DynStore::new(MemoryStore::new());
+        let key = IdempotencyKey::parse(b"k-1")
+            .unwrap()
+            .scoped_hash(&Scope::new("Bearer a b"));
+        let claim = Claim::new(
+            key,
+            Fingerprint::of(&[b"POST", b"/orders"]),
+            FencingToken::new(),
+            Duration::from_secs(30),
+            Duration::from_secs(3600),
+        );
+        store.claim(&claim).await.unwrap();
+        let saved = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), "{\"id\":1}");
+        store.complete(&key, claim.token, &saved).await.unwrap();
+        let app = router(store);
+
+        let (status, _) = call(&app, "GET", "/keys/k-1").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "another scope");
+        let (status, record) = call(&app, "GET", "/keys/k-1?scope=Bearer+a%20b").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(record["state"], "done");
+        assert_eq!(record["status"], 201);
+        assert!(record.get("body").is_none(), "the body only when asked");
+        let (_, with_body) = call(&app, "GET", "/keys/k-1?scope=Bearer+a%20b&body=true").await;
+        assert_eq!(with_body["body"], "{\"id\":1}");
+
+        let (status, problem) = call(&app, "GET", "/keys/%20").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+        let (status, _) = call(&app, "DELETE", "/keys/k-1?scope=Bearer+a%20b").await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        let (status, _) = call(&app, "DELETE", "/keys/k-1?scope=Bearer+a%20b").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, swept) = call(&app, "POST", "/sweep?batch=10").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(swept["deleted"], 0);
+        let (status, _) = call(&app, "POST", "/sweep?batch=zero").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+    }
+}
