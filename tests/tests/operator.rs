@@ -7,7 +7,7 @@ use std::time::Duration;
 use tower_idempotency::store::{ClaimOutcome, DynStore, RecordState, Store};
 use tower_idempotency_tests::{
     contract::{claim_of, random_key, response, retry_of},
-    stores::{memory_store, postgres_store, redis_store, sqlite_store},
+    stores::{memory_store, mysql_store, postgres_store, redis_store, sqlite_store},
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -81,5 +81,6 @@ operator_tests! {
     memory: memory_store();
     postgres: postgres_store();
     sqlite: sqlite_store();
+    mysql: mysql_store();
     redis: redis_store();
 }

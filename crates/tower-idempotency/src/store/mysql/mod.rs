@@ -96,15 +96,15 @@ pub use sqlx;
 
 use super::sql::{self, Waiters};
 use super::{
-    Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind, StoredResponse,
-    TransactionalStore,
+    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreErrorKind,
+    StoredResponse, TransactionalStore,
 };
 use crate::key::KeyHash;
 
 pub(super) mod error;
 mod queries;
 
-use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, LIVE, RELEASE, RENEW, SWEEP};
+use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, FORGET, GET, LIVE, RELEASE, RENEW, SWEEP};
 
 /// The parameters and the claim row, as every SQL store binds and reads them.
 type Codec = sql::Codec<MySql>;
@@ -331,6 +331,47 @@ impl Store for MySqlStore {
         // Nothing to watch: changes are announced in this process only (see `Inner::announce`);
         // across instances the layer's next claim, one poll interval later, sees them.
         sql::wait_for_change(&self.inner.waiters, key, deadline, async { true }).await;
+    }
+
+    async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
+        let read = sqlx::query(GET).bind(key.as_bytes().to_vec());
+        let pool = self.inner.pool.clone();
+        let row = detached(async move { read.fetch_optional(&pool).await }).await?;
+        row.as_ref().map(record_info).transpose()
+    }
+
+    async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
+        let write = sqlx::query(FORGET).bind(key.as_bytes().to_vec());
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
+        Ok(self
+            .inner
+            .announce(key, Fenced::from_rows(done.rows_affected()))
+            .applied())
+    }
+}
+
+/// A row of [`GET`] as the record it describes.
+fn record_info(row: &sqlx::mysql::MySqlRow) -> Result<RecordInfo, StoreError> {
+    use sqlx::Row;
+    let millis = |column: &str| -> Result<Duration, StoreError> {
+        Ok(Duration::from_millis(
+            u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0),
+        ))
+    };
+    let expires_in = millis("expires_ms")?;
+    match row.try_get::<&str, _>("state")? {
+        "running" => Ok(RecordInfo::running(millis("lease_ms")?, expires_in)),
+        "done" => {
+            let status: i32 = row.try_get("status")?;
+            let status = u16::try_from(status)
+                .map_err(|_| StoreError::corrupt("a saved status is out of range"))?;
+            let headers: Vec<u8> = row.try_get("headers")?;
+            let body: Vec<u8> = row.try_get("body")?;
+            let response = StoredResponse::from_parts(status, &headers, body.into())?;
+            Ok(RecordInfo::done(response, expires_in))
+        }
+        _ => Err(StoreError::corrupt("a record has an unknown state")),
     }
 }
 

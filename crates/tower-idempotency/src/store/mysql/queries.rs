@@ -126,6 +126,24 @@ DELETE FROM idempotency_records
 WHERE `key` = ? AND token = ? AND state = 'running'
 ";
 
+/// Operators' read of one live record (`Store::get`), its times left by the database's clock.
+///
+/// Binds 1 key.
+pub(super) const GET: &str = concat!(
+    "
+SELECT r.state, r.status, r.headers, r.body,
+    GREATEST(0, r.lease_until - clock.now) AS lease_ms,
+    GREATEST(0, r.expires_at - clock.now) AS expires_ms
+FROM idempotency_records AS r, (SELECT ",
+    now_ms!(),
+    " AS now) AS clock
+WHERE r.`key` = ? AND r.expires_at > clock.now
+"
+);
+
+/// Operators' delete of one record, whatever its state (`Store::forget`). Binds 1 key.
+pub(super) const FORGET: &str = "DELETE FROM idempotency_records WHERE `key` = ?";
+
 /// Reads every column this version uses, and no row: fails when the table or a column is missing.
 pub(super) const CHECK_SCHEMA: &str = "SELECT `key`, fingerprint, token, state, status, headers, \
      body, created_at, lease_until, expires_at FROM idempotency_records WHERE FALSE";
