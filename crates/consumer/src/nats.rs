@@ -8,9 +8,11 @@
 //!
 //! | result | settled with |
 //! |---|---|
-//! | processed, duplicate, parked (before or now) | `+ACK`, confirmed by the server (double ack), after the commit |
+//! | processed, duplicate, parked (before or now) | `+ACK` after the commit |
 //! | the work failed, the database failed, in progress elsewhere (Redis) | `-NAK`: JetStream redelivers it |
 //! | no event id | `+TERM`: never redelivered |
+//!
+//! Each is a double ack: it returns once the server confirmed it.
 //!
 //! A consumer that dies before its ack leaves the message pending: JetStream redelivers it
 //! after the consumer's `ack_wait`, and the redelivery finds the event processed (and is acked)
@@ -114,7 +116,7 @@ where
     let Some(event_id) = event_id.filter(|id| !id.is_empty()) else {
         tracing::warn!(target: "tower_idempotency_consumer", consumer = consumer.name(), "a message without an event id cannot be deduplicated: terminated");
         message
-            .ack_with(AckKind::Term)
+            .double_ack_with(AckKind::Term)
             .await
             .map_err(|err| SettleError::new(BoxedError(err)))?;
         return Ok(Handled {
@@ -129,7 +131,8 @@ where
         .process_once_with_payload(event_id, Some(&message.payload), work)
         .await;
     let settlement = if settles(&result) {
-        // Double ack: the server confirms it has the ack, so "acked" here means acked there.
+        // Double acks throughout: the server confirms it has the settlement, so "acked" here
+        // means acked there.
         message
             .double_ack()
             .await
@@ -137,7 +140,7 @@ where
         Settlement::Acked
     } else {
         message
-            .ack_with(AckKind::Nak(None))
+            .double_ack_with(AckKind::Nak(None))
             .await
             .map_err(|err| SettleError::new(BoxedError(err)))?;
         Settlement::Requeued

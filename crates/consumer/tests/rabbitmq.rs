@@ -1,0 +1,167 @@
+//! `rabbitmq::process_delivery` against the RabbitMQ at `AMQP_URL`: what is acked, requeued and
+//! rejected, on a queue of its own. (The kill-and-restart proof is `examples/brokers`.)
+
+mod common;
+
+use std::{num::NonZeroU32, time::Duration};
+
+use futures_util::StreamExt;
+use tower_idempotency_consumer::{
+    rabbitmq::{
+        self,
+        lapin::{
+            options::{
+                BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+                QueueDeclareOptions, QueueDeleteOptions,
+            },
+            types::FieldTable,
+            BasicProperties, Connection, ConnectionProperties,
+        },
+        Settlement,
+    },
+    Error, Outcome, PgConsumer,
+};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deliveries_are_acked_after_the_commit_requeued_on_failure_parked_and_rejected_without_id()
+{
+    let url = std::env::var("AMQP_URL")
+        .expect("AMQP_URL is not set: export AMQP_URL=amqp://127.0.0.1:5672/%2f");
+    let (pool, _) = common::fresh_postgres().await;
+    let ledger =
+        PgConsumer::new(pool.clone(), "ledger").with_max_attempts(NonZeroU32::new(3).expect("3"));
+    let queue = common::unique_name("tidem_consumer_rabbitmq");
+
+    let connection = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at AMQP_URL={url}: {e}"));
+    let channel = connection.create_channel().await.expect("a channel");
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare the queue");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    for (id, body) in [
+        (Some("evt_ok"), "ok"),
+        (Some("evt_poison"), "poison"),
+        (None, "no id"),
+    ] {
+        let mut properties = BasicProperties::default();
+        if let Some(id) = id {
+            properties = properties.with_message_id(id.into());
+        }
+        channel
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions::default(),
+                body.as_bytes(),
+                properties,
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirmed");
+    }
+    channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut deliveries = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+
+    // ok once; poison three times (twice requeued, then parked and acked); no id once.
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), deliveries.next())
+            .await
+            .expect("a delivery within 10 s")
+            .expect("the consumer is open")
+            .expect("a delivery");
+        let body = String::from_utf8(delivery.data.clone()).expect("utf-8");
+        let handled = rabbitmq::process_delivery(&ledger, &delivery, move |tx| {
+            Box::pin(async move {
+                if body == "poison" {
+                    return Err(sqlx::Error::Protocol(
+                        "cannot apply a poison message".into(),
+                    ));
+                }
+                sqlx::query("INSERT INTO effects (event_id, delivery) VALUES ('evt_ok', 1)")
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(())
+            })
+        })
+        .await
+        .expect("settled with the broker");
+        seen.push((
+            handled.event_id.clone(),
+            handled.redelivered,
+            handled.settlement,
+            handled.result,
+        ));
+    }
+
+    let of = |id: &str| seen.iter().filter(|s| s.0 == id).collect::<Vec<_>>();
+    let ok = of("evt_ok");
+    assert_eq!(ok.len(), 1);
+    assert!(matches!(ok[0].3, Ok(Outcome::Processed(()))));
+    assert_eq!(ok[0].2, Settlement::Acked);
+    let poison = of("evt_poison");
+    assert_eq!(poison.len(), 3, "{seen:?}");
+    assert!(matches!(poison[0].3, Err(Error::Work(_))) && poison[0].2 == Settlement::Requeued);
+    assert!(!poison[0].1, "the first delivery is not a redelivery");
+    assert!(matches!(poison[1].3, Err(Error::Work(_))) && poison[1].2 == Settlement::Requeued);
+    assert!(
+        poison[1].1,
+        "a requeued message comes back flagged redelivered"
+    );
+    assert!(matches!(poison[2].3, Err(Error::Parked(_))) && poison[2].2 == Settlement::Acked);
+    let no_id = of("");
+    assert_eq!(no_id.len(), 1);
+    assert!(matches!(no_id[0].3, Err(Error::MissingEventId)) && no_id[0].2 == Settlement::Rejected);
+
+    // Nothing left: every delivery was settled.
+    let left = channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("inspect the queue")
+        .message_count();
+    assert_eq!(left, 0);
+    let parked = ledger.parked(10).await.expect("parked");
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].event_id, "evt_poison");
+    assert_eq!(parked[0].payload.as_deref(), Some(&b"poison"[..]));
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects")
+        .fetch_one(&pool)
+        .await
+        .expect("effects");
+    assert_eq!(effects, 1);
+
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .expect("delete the queue");
+    connection.close(200, "done".into()).await.expect("close");
+}
