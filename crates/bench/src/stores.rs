@@ -139,21 +139,23 @@ impl Batches {
 /// Reads a store's [`Batches`] at any time.
 pub type BatchSource = Arc<dyn Fn() -> Batches + Send + Sync>;
 
-// ---------------------------------------------------------------------------------------------
-// THE PLACE WHERE THE STORES' BATCH STATISTICS PLUG IN.
-//
-// The batching SQL stores expose cumulative counts (`batch_stats()`, with public `batches` and
-// `entries`); until they do, these answer `None` and the tables leave the batch column empty.
-// ---------------------------------------------------------------------------------------------
-
 /// The batch statistics of a PostgreSQL store.
-fn postgres_batches(_store: &PostgresStore) -> Option<BatchSource> {
-    None
+fn postgres_batches(store: &PostgresStore) -> Option<BatchSource> {
+    let store = store.clone();
+    Some(Arc::new(move || batches(store.batch_stats())))
 }
 
 /// The batch statistics of a SQLite store.
-fn sqlite_batches(_store: &SqliteStore) -> Option<BatchSource> {
-    None
+fn sqlite_batches(store: &SqliteStore) -> Option<BatchSource> {
+    let store = store.clone();
+    Some(Arc::new(move || batches(store.batch_stats())))
+}
+
+fn batches(stats: tower_idempotency::store::BatchStats) -> Batches {
+    Batches {
+        batches: stats.batches,
+        entries: stats.entries,
+    }
 }
 
 /// One bare handler: the reference of a ratio.
