@@ -1,4 +1,4 @@
-//! Run with: cargo run -p tower-idempotency-admin -- --url postgres://... <command>
+//! Run with: `cargo run -p tower-idempotency-admin -- --url postgres://... COMMAND`
 //!
 //! The operator's tool for a tower-idempotency store: PostgreSQL, SQLite (`sqlite://file.db`)
 //! or Redis (`redis://`, with `--prefix` when the store uses another key prefix).
