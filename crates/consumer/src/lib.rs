@@ -97,6 +97,11 @@ pub use outcome::Outcome;
 #[cfg(feature = "sqlx")]
 pub use sqlx;
 
+/// How many failures of its work park an event unless the consumer's `with_max_attempts` says
+/// otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: std::num::NonZeroU32 =
+    std::num::NonZeroU32::new(5).expect("5 is not zero");
+
 /// The PostgreSQL consumer (feature `postgres`): see [`sql::postgres`].
 #[cfg(feature = "postgres")]
 pub type PgConsumer = sql::SqlConsumer<sqlx::Postgres>;

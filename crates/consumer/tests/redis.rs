@@ -116,6 +116,44 @@ async fn a_failed_work_releases_the_claim_and_the_redelivery_runs_it_once() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn failures_are_counted_then_the_event_is_parked_and_replayed() {
+    let consumer = consumer(&unique_name("consumer"))
+        .await
+        .with_max_attempts(std::num::NonZeroU32::new(3).expect("3"));
+    let runs = counter();
+    let refuse = move || async move {
+        send(runs).await?;
+        Err::<usize, _>(std::io::Error::other("the mail server said no"))
+    };
+    for attempt in 1..=2 {
+        let failed = deliver(&consumer, "evt_1", LEASE, refuse).await;
+        assert!(
+            matches!(failed, Err(Error::Work(_))),
+            "attempt {attempt}: {failed:?}"
+        );
+    }
+    let last = deliver(&consumer, "evt_1", LEASE, refuse).await;
+    assert!(matches!(last, Err(Error::Parked(_))), "{last:?}");
+    let parked = deliver(&consumer, "evt_1", LEASE, move || send(runs)).await;
+    assert_eq!(parked.expect("parked"), Outcome::Parked { attempts: 3 });
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "a parked event does not run"
+    );
+
+    assert!(consumer.replay("evt_1").await.expect("replay"));
+    assert!(
+        !consumer.replay("evt_1").await.expect("replay again"),
+        "no longer parked"
+    );
+    let done = deliver(&consumer, "evt_1", LEASE, move || send(runs)).await;
+    assert_eq!(done.expect("after the replay"), Outcome::Processed(4));
+    let again = deliver(&consumer, "evt_1", LEASE, move || send(runs)).await;
+    assert_eq!(again.expect("a duplicate"), Outcome::Duplicate);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_panic_releases_the_claim_and_the_redelivery_runs_it_once() {
     let consumer = consumer(&unique_name("consumer")).await;
     let panicked = tokio::spawn({

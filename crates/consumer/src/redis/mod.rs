@@ -30,7 +30,9 @@
 //! One string key per event: `<prefix>:{<hex>}`, where `<hex>` is the SHA-256 of the consumer
 //! name and the event id (so any id is a safe key) and the braces are literal: they are the
 //! key's Redis Cluster hash tag. Its value is the holder's token (a UUID) while the work runs,
-//! expiring with the lease, then `done`, expiring after the [retention](RedisConsumer::with_retention).
+//! expiring with the lease, then `done`, expiring after the [retention](RedisConsumer::with_retention),
+//! or `parked` after [too many failures](RedisConsumer::with_max_attempts). Failed attempts and
+//! the last error live in the hash `<prefix>:{<hex>}:failures`, in the same slot.
 //!
 //! # Fencing
 //!
@@ -66,7 +68,7 @@ use redis::{aio::ConnectionLike, aio::ConnectionManager, Script};
 use sha2::{Digest, Sha256};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::{Consumer, Error, Outcome};
+use crate::{Consumer, Error, Outcome, DEFAULT_MAX_ATTEMPTS};
 
 /// The key prefix used unless [`RedisConsumer::with_prefix`] sets another.
 pub const DEFAULT_PREFIX: &str = "processed-events";
@@ -79,6 +81,8 @@ static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("clai
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("complete.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
+static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("fail.lua")));
+static REPLAY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("replay.lua")));
 
 /// The claim's lease unless [`RedisConsumer::with_lease`] says otherwise.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -96,6 +100,7 @@ pub struct RedisConsumer<C = ConnectionManager> {
     prefix: Arc<str>,
     retention: Duration,
     lease: Duration,
+    max_attempts: std::num::NonZeroU32,
 }
 
 impl<C> fmt::Debug for RedisConsumer<C> {
@@ -105,6 +110,7 @@ impl<C> fmt::Debug for RedisConsumer<C> {
             .field("prefix", &self.prefix)
             .field("retention", &self.retention)
             .field("lease", &self.lease)
+            .field("max_attempts", &self.max_attempts)
             .finish_non_exhaustive()
     }
 }
@@ -132,7 +138,34 @@ where
             prefix: DEFAULT_PREFIX.into(),
             retention: DEFAULT_RETENTION,
             lease: DEFAULT_LEASE,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
         }
+    }
+
+    /// Park an event after `max_attempts` failures of its work instead of
+    /// [`DEFAULT_MAX_ATTEMPTS`]: deliveries then report [`Outcome::Parked`] without running it,
+    /// for the retention, until [`replay`](Self::replay). (Parked events are found by id; Redis
+    /// keeps no list of them.)
+    pub fn with_max_attempts(mut self, max_attempts: std::num::NonZeroU32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// The key of the failures hash of `event_id` (attempts, last error), in the event key's
+    /// hash slot.
+    fn failures_key(&self, event_id: &str) -> String {
+        format!("{}:failures", self.key(event_id))
+    }
+
+    /// Forget a parked event so that its next delivery runs the work with fresh attempts;
+    /// `false` if it was not parked.
+    pub async fn replay(&self, event_id: &str) -> redis::RedisResult<bool> {
+        let replayed: i64 = REPLAY
+            .key(self.key(event_id))
+            .key(self.failures_key(event_id))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(replayed == 1)
     }
 
     /// Hold a claim for `lease` (renewed every third of it while the work runs) instead of
@@ -194,13 +227,15 @@ where
     ///
     /// The claim holds for the lease and is renewed every third of it while `work` runs. When
     /// `work` returns `Ok`, the event is marked done for the retention period; when it returns
-    /// `Err` ([`Error::Work`]) or panics, the claim is released so that a redelivery runs it
-    /// again. A claim lost while the work runs cancels the work: [`Error::LeaseLost`].
+    /// `Err` ([`Error::Work`]) the failure is counted and the claim released so that a
+    /// redelivery runs it again, or, at the maximum attempts, the event is parked
+    /// ([`Error::Parked`]); a panic releases the claim without counting. A claim lost while the work runs cancels the work: [`Error::LeaseLost`].
     ///
     /// If Redis fails after the work succeeded ([`Error::Redis`]), the event is not marked done:
     /// once the lease lapses a redelivery runs the work again.
     async fn run_once<T, E, Fut>(&self, event_id: &str, work: Fut) -> Result<Outcome<T>, Error<E>>
     where
+        E: fmt::Display,
         Fut: Future<Output = Result<T, E>>,
     {
         let key = self.key(event_id);
@@ -209,8 +244,10 @@ where
         let mut conn = self.conn.clone();
 
         let claimed_at = Instant::now();
+        let failures = self.failures_key(event_id);
         let (outcome, remaining_ms): (String, i64) = CLAIM
             .key(&key)
+            .key(&failures)
             .arg(&token)
             .arg(lease_ms)
             .invoke_async(&mut conn)
@@ -218,6 +255,11 @@ where
         match outcome.as_str() {
             "claimed" => {}
             "done" => return Ok(Outcome::Duplicate),
+            "parked" => {
+                return Ok(Outcome::Parked {
+                    attempts: u32::try_from(remaining_ms.max(0)).unwrap_or(u32::MAX),
+                })
+            }
             _ => {
                 return Ok(Outcome::InProgress {
                     lease_remaining: Duration::from_millis(remaining_ms.max(0).unsigned_abs()),
@@ -272,8 +314,24 @@ where
                 }
             }
             Ok(Err(err)) => {
-                self.release(&mut conn, &key, &token, event_id).await;
-                Err(Error::Work(err))
+                let failed: redis::RedisResult<(String, i64)> = FAIL
+                    .key(&key)
+                    .key(&failures)
+                    .arg(&token)
+                    .arg(self.max_attempts.get())
+                    .arg(millis(self.retention).max(1))
+                    .arg(err.to_string())
+                    .invoke_async(&mut conn)
+                    .await;
+                match failed {
+                    Ok((status, _)) if status == "parked" => Err(Error::Parked(err)),
+                    Ok(_) => Err(Error::Work(err)),
+                    Err(record) => {
+                        // The lease lapses by itself: the redelivery only waits longer.
+                        tracing::warn!(target: "tower_idempotency_consumer", consumer = &*self.consumer, event_id, error = %record, "recording a failed attempt failed");
+                        Err(Error::Work(err))
+                    }
+                }
             }
             Err(panic) => {
                 self.release(&mut conn, &key, &token, event_id).await;

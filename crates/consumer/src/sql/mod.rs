@@ -89,8 +89,7 @@ pub const DEFAULT_TABLE: &str = "processed_events";
 /// `_sqlx_migrations`.
 pub const MIGRATIONS_TABLE: &str = "_tower_idempotency_consumer_migrations";
 
-/// How many failures park an event unless [`SqlConsumer::with_max_attempts`] says otherwise.
-pub const DEFAULT_MAX_ATTEMPTS: NonZeroU32 = NonZeroU32::new(5).expect("5 is not zero");
+pub use crate::DEFAULT_MAX_ATTEMPTS;
 
 /// The longest error text kept in `last_error`, in bytes.
 const MAX_ERROR_LEN: usize = 2000;
