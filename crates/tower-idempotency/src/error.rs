@@ -301,20 +301,21 @@ where
     }
 }
 
-/// The answer the layer sends for `rejection`: the user's own response if the layer has one,
-/// else the problem document under the layer's `type` base. `Retry-After` is added when the
-/// rejection has one and the response lacks it, so clients keep retrying correctly.
+/// The answer the layer sends for `rejection`: the user's own response if the layer has one
+/// (`custom`), else the problem document under `problem_type_base`. `Retry-After` is added when
+/// the rejection has one and the response lacks it, so clients keep retrying correctly.
 pub(crate) fn render(
-    config: &crate::config::Config,
+    problem_type_base: &str,
+    custom: Option<&dyn RejectionResponse>,
     rejection: Rejection,
 ) -> Response<Full<Bytes>> {
-    let response = match &config.rejection_response {
+    let response = match custom {
         Some(custom) => {
             let mut response = custom.response(&rejection).map(Full::new);
             rejection.add_retry_after(response.headers_mut());
             response
         }
-        None => rejection.problem_response(&config.problem_type_base),
+        None => rejection.problem_response(problem_type_base),
     };
     tracing::debug!(
         target: "tower_idempotency",

@@ -219,7 +219,12 @@ where
 }
 
 fn reject<B>(config: &Config, rejection: Rejection) -> Response<ResponseBody<B>> {
-    crate::error::render(config, rejection).map(ResponseBody::from_full)
+    crate::error::render(
+        &config.problem_type_base,
+        config.rejection_response.as_deref(),
+        rejection,
+    )
+    .map(ResponseBody::from_full)
 }
 
 /// A covered request, inside its span; its final outcome is counted when the record drops.
