@@ -370,6 +370,52 @@ impl RecordInfo {
     }
 }
 
+/// The records of a store by state, as [`Store::stats`] counts them by the store's clock: what an
+/// operator looks at first (a growing `running` count or an old running record means stuck
+/// handlers, a large `expired` count a sweeper that does not keep up).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreStats {
+    /// Live records an attempt holds or held (lapsed leases included: the next retry takes
+    /// those over).
+    pub running: u64,
+    /// Live records with a saved answer.
+    pub done: u64,
+    /// Records past their expiry that are still stored, waiting for the sweeper (always 0 on
+    /// Redis, which deletes them itself).
+    pub expired: u64,
+    /// The live running record claimed longest ago, if any.
+    pub oldest_running: Option<OldestRunning>,
+}
+
+/// The live running record claimed longest ago: see [`StoreStats::oldest_running`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OldestRunning {
+    /// Its key hash (`KeyHash::to_hex` is what logs and the admin tools show).
+    pub key: KeyHash,
+    /// How long ago it was first claimed (a takeover keeps the first claim's time).
+    pub age: Duration,
+}
+
+impl StoreStats {
+    /// Counts, with no oldest running record.
+    pub fn new(running: u64, done: u64, expired: u64) -> Self {
+        Self {
+            running,
+            done,
+            expired,
+            oldest_running: None,
+        }
+    }
+
+    /// The oldest running record: `key`, first claimed `age` ago.
+    pub fn with_oldest_running(mut self, key: KeyHash, age: Duration) -> Self {
+        self.oldest_running = Some(OldestRunning { key, age });
+        self
+    }
+}
+
 /// A backend that keeps idempotency records.
 ///
 /// # Atomicity
@@ -480,6 +526,14 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
         let _ = key;
         async { Err(StoreError::unsupported("forget")) }
     }
+
+    /// Operators: the records by state and the oldest running one ([`StoreStats`]). Reads
+    /// only, but visits every record (a table scan in SQL, a `SCAN` in Redis): for a dashboard
+    /// or a command line, not for every request. Every built-in store implements it (Redis
+    /// Cluster excepted); the default answers [`StoreErrorKind::Unsupported`].
+    fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send {
+        async { Err(StoreError::unsupported("stats")) }
+    }
 }
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
@@ -560,7 +614,7 @@ pub enum StoreErrorKind {
     /// Running the store's migrations failed.
     Migration,
     /// The store does not implement this operation (a custom store without
-    /// [`Store::get`] or [`Store::forget`]).
+    /// [`Store::get`], [`Store::forget`] or [`Store::stats`]; `stats` on Redis Cluster).
     Unsupported,
 }
 

@@ -97,7 +97,7 @@ use super::batch::{BatchStats, Batcher, Batching, Counters};
 use super::sql::{self, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreErrorKind,
-    StoredResponse, TransactionalStore,
+    StoreStats, StoredResponse, TransactionalStore,
 };
 use crate::key::KeyHash;
 
@@ -565,6 +565,11 @@ impl Store for PostgresStore {
             .await?;
         Ok(deleted.rows_affected() > 0)
     }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let row = sqlx::query_as(STATS).fetch_one(&self.inner.pool).await?;
+        sql::stats_of(row)
+    }
 }
 
 impl TransactionalStore for PostgresStore {
@@ -811,6 +816,24 @@ WHERE key = $1 AND expires_at > now()
 
 /// Operators' delete of one record, whatever its state ([`Store::forget`]).
 const FORGET: &str = "DELETE FROM idempotency_records WHERE key = $1";
+
+/// Operators' counts by state and the oldest running record ([`Store::stats`]): one scan.
+const STATS: &str = r#"
+SELECT counts.running, counts.done, counts.expired, oldest.key,
+    (EXTRACT(EPOCH FROM (now() - oldest.created_at)) * 1000)::bigint
+FROM (
+    SELECT count(*) FILTER (WHERE state = 'running' AND expires_at > now()) AS running,
+        count(*) FILTER (WHERE state = 'done' AND expires_at > now()) AS done,
+        count(*) FILTER (WHERE expires_at <= now()) AS expired
+    FROM idempotency_records
+) AS counts
+LEFT JOIN (
+    SELECT key, created_at FROM idempotency_records
+    WHERE state = 'running' AND expires_at > now()
+    ORDER BY created_at, key
+    LIMIT 1
+) AS oldest ON true
+"#;
 
 /// A row of [`GET`] as the record it describes.
 fn record_info(row: &sqlx::postgres::PgRow) -> Result<RecordInfo, StoreError> {

@@ -96,7 +96,7 @@ use super::batch::{BatchStats, Batcher, Batching, Counters};
 use super::sql::{self, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreErrorKind,
-    StoredResponse, TransactionalStore,
+    StoreStats, StoredResponse, TransactionalStore,
 };
 use crate::key::KeyHash;
 
@@ -456,6 +456,11 @@ impl Store for SqliteStore {
             .await?;
         Ok(deleted.rows_affected() > 0)
     }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let row = sqlx::query_as(STATS).fetch_one(&self.inner.pool).await?;
+        sql::stats_of(row)
+    }
 }
 
 impl TransactionalStore for SqliteStore {
@@ -532,6 +537,23 @@ WHERE key = ?1 AND expires_at > CAST(round((julianday('now') - 2440587.5) * 8640
 
 /// Operators' delete of one record, whatever its state ([`Store::forget`]).
 const FORGET: &str = "DELETE FROM idempotency_records WHERE key = ?1";
+
+/// Operators' counts by state and the oldest running record ([`Store::stats`]): one scan.
+const STATS: &str = r#"
+WITH clock AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now),
+oldest AS (
+    SELECT r.key, r.created_at FROM idempotency_records AS r, clock
+    WHERE r.state = 'running' AND r.expires_at > clock.now
+    ORDER BY r.created_at, r.key
+    LIMIT 1
+)
+SELECT count(CASE WHEN r.state = 'running' AND r.expires_at > clock.now THEN 1 END),
+    count(CASE WHEN r.state = 'done' AND r.expires_at > clock.now THEN 1 END),
+    count(CASE WHEN r.expires_at <= clock.now THEN 1 END),
+    (SELECT key FROM oldest),
+    max(clock.now) - (SELECT created_at FROM oldest)
+FROM clock LEFT JOIN idempotency_records AS r ON 1
+"#;
 
 /// A row of [`GET`] as the record it describes.
 fn record_info(row: &sqlx::sqlite::SqliteRow) -> Result<RecordInfo, StoreError> {

@@ -97,14 +97,14 @@ pub use sqlx;
 use super::sql::{self, Waiters};
 use super::{
     Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreErrorKind,
-    StoredResponse, TransactionalStore,
+    StoreStats, StoredResponse, TransactionalStore,
 };
 use crate::key::KeyHash;
 
 pub(super) mod error;
 mod queries;
 
-use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, FORGET, GET, LIVE, RELEASE, RENEW, SWEEP};
+use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, FORGET, GET, LIVE, RELEASE, RENEW, STATS, SWEEP};
 
 /// The parameters and the claim row, as every SQL store binds and reads them.
 type Codec = sql::Codec<MySql>;
@@ -348,6 +348,13 @@ impl Store for MySqlStore {
             .inner
             .announce(key, Fenced::from_rows(done.rows_affected()))
             .applied())
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let read = sqlx::query_as(STATS);
+        let pool = self.inner.pool.clone();
+        let row = detached(async move { read.fetch_one(&pool).await }).await?;
+        sql::stats_of(row)
     }
 }
 
