@@ -81,6 +81,7 @@
 
 pub use redis;
 
+mod error;
 mod notifier;
 mod scripts;
 mod store;

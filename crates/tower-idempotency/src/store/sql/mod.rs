@@ -14,11 +14,26 @@ use sqlx::{
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{Claim, ClaimOutcome, FencingToken, StoreError, StoreErrorKind, StoredResponse};
-use crate::key::KeyHash;
+use crate::{
+    key::KeyHash,
+    store::{
+        error::{StoreError, StoreErrorKind},
+        record::{Claim, ClaimOutcome, FencingToken, StoredResponse},
+    },
+};
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(super) mod batch;
+mod error;
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 /// The per-key wake-ups of the SQL stores.
-pub(super) type Waiters = super::waiters::Waiters<KeyHash>;
+pub(super) type Waiters = crate::store::waiters::Waiters<KeyHash>;
 
 /// Wait until this process wakes the waiters on `key`, or until `deadline`.
 ///
