@@ -82,6 +82,7 @@
 
 pub use redis;
 
+mod error;
 mod notifier;
 mod scripts;
 mod store;

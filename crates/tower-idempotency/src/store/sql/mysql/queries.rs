@@ -6,7 +6,7 @@
 
 use crate::{
     key::KeyHash,
-    store::{FencingToken, StoredResponse},
+    store::record::{FencingToken, StoredResponse},
 };
 
 /// The database's clock in milliseconds since the Unix epoch.
@@ -29,7 +29,7 @@ macro_rules! now_ms {
 /// Binds 1 fingerprint, 2 key, 3 fingerprint. Columns as [`sql::Codec::claim_outcome`] reads
 /// them.
 ///
-/// [`sql::Codec::claim_outcome`]: super::super::sql::Codec::claim_outcome
+/// [`sql::Codec::claim_outcome`]: crate::store::sql::Codec::claim_outcome
 pub(super) const LIVE: &str = concat!(
     r#"
 SELECT CASE WHEN r.fingerprint <> ? THEN 'mismatch'

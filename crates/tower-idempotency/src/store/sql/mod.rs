@@ -14,13 +14,26 @@ use sqlx::{
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use super::{
-    Claim, ClaimOutcome, FencingToken, StoreError, StoreErrorKind, StoreStats, StoredResponse,
+use crate::{
+    key::KeyHash,
+    store::{
+        error::{StoreError, StoreErrorKind},
+        record::{Claim, ClaimOutcome, FencingToken, StoreStats, StoredResponse},
+    },
 };
-use crate::key::KeyHash;
+
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(super) mod batch;
+mod error;
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 /// The per-key wake-ups of the SQL stores.
-pub(super) type Waiters = super::waiters::Waiters<KeyHash>;
+pub(super) type Waiters = crate::store::waiters::Waiters<KeyHash>;
 
 /// Wait until this process wakes the waiters on `key`, or until `deadline`.
 ///
@@ -238,7 +251,7 @@ fn saved_response(
 
 /// The row of each SQL store's `STATS` query (running, done, expired, the oldest running
 /// record's key and age in milliseconds) as [`StoreStats`].
-pub(super) fn stats_of(
+fn stats_of(
     (running, done, expired, key, age_ms): (i64, i64, i64, Option<Vec<u8>>, Option<i64>),
 ) -> Result<StoreStats, StoreError> {
     let count = |n: i64| u64::try_from(n).unwrap_or(0);

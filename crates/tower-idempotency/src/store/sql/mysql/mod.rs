@@ -68,7 +68,7 @@
 //! (`migrations/mysql/0001_idempotency_records.sql`, included here verbatim):
 //!
 //! ```sql
-#![doc = include_str!("../../../migrations/mysql/0001_idempotency_records.sql")]
+#![doc = include_str!("../../../../migrations/mysql/0001_idempotency_records.sql")]
 //! ```
 //!
 //! # Waiting
@@ -94,14 +94,19 @@ use tokio::time::Instant;
 
 pub use sqlx;
 
-use super::sql::{self, Waiters};
-use super::{
-    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreErrorKind,
-    StoreStats, StoredResponse, TransactionalStore,
+use crate::{
+    key::KeyHash,
+    store::{
+        error::{StoreError, StoreErrorKind},
+        record::{
+            Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
+        },
+        sql::{self, Waiters},
+        Store, TransactionalStore,
+    },
 };
-use crate::key::KeyHash;
 
-pub(super) mod error;
+pub(in crate::store) mod error;
 mod queries;
 
 use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, FORGET, GET, LIVE, RELEASE, RENEW, STATS, SWEEP};
@@ -227,7 +232,7 @@ fn migrator() -> Migrator {
     sql::migrator(&[(
         1,
         "idempotency records",
-        include_str!("../../../migrations/mysql/0001_idempotency_records.sql"),
+        include_str!("../../../../migrations/mysql/0001_idempotency_records.sql"),
     )])
 }
 
