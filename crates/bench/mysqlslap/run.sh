@@ -9,7 +9,7 @@
 # bench's orders table, one saved answer for the replay script). REQUESTS per run, shared by
 # the clients (default 4000), CONCURRENCY (default "1,8,32", mysqlslap's comma list).
 #
-# The claim is the store's own statement (src/store/mysql/claim.sql, its five parameters
+# The claim is the store's own statement (src/store/sql/mysql/claim.sql, its five parameters
 # written in as session variables); the live read and the save are the store's statements with
 # the same values. Each script is one request; every statement autocommits, as the store's do.
 # Prints requests/s per script and concurrency (mysqlslap's mean over 2 iterations).
@@ -24,7 +24,7 @@ slap=mariadb-slap
 command -v "$slap" >/dev/null || slap=mysqlslap
 
 now="CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED)"
-claim=$(grep -v '^--' ../../tower-idempotency/src/store/mysql/claim.sql |
+claim=$(grep -v '^--' ../../tower-idempotency/src/store/sql/mysql/claim.sql |
   perl -0pe 'BEGIN { @v = ("\@k", "\@fp", "\@t", "30000", "86400000") } s/\?/shift @v/ge')
 live="SELECT CASE WHEN r.fingerprint <> @fp THEN 'mismatch' WHEN r.state = 'done' THEN 'done'
   ELSE 'in_flight' END AS outcome, FALSE AS taken_over,

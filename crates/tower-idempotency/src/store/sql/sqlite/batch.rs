@@ -1,5 +1,5 @@
 //! The SQLite store's group commit: every write of concurrent requests (claims, saves, releases,
-//! renewals) in one `BEGIN IMMEDIATE .. COMMIT` (see [`batch`](crate::store::batch)).
+//! renewals) in one `BEGIN IMMEDIATE .. COMMIT` (see [`batch`](crate::store::sql::batch)).
 //!
 //! SQLite runs one writer at a time, and what a write costs is mostly the commit (a journal sync)
 //! and the hold of the file's write lock. A batch takes the store's writer queue and the write lock
@@ -12,10 +12,14 @@ use std::sync::Arc;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use tokio::sync::Mutex;
 
-use super::{complete_on, Codec, CLAIM, RELEASE, RENEW};
+use super::{
+    complete_on,
+    queries::{CLAIM, RELEASE, RENEW},
+    Codec,
+};
 use crate::{
     key::KeyHash,
-    store::{batch::Runner, Claim, ClaimOutcome, Fenced, FencingToken, StoreError},
+    store::{sql::batch::Runner, Claim, ClaimOutcome, Fenced, FencingToken, StoreError},
 };
 
 /// One write queued for a batch.

@@ -1,5 +1,5 @@
 //! The PostgreSQL store's group commit: the statements that claim, save, release and renew many
-//! keys at once, and the runners that feed them (see [`batch`](crate::store::batch)).
+//! keys at once, and the runners that feed them (see [`batch`](crate::store::sql::batch)).
 //!
 //! Each statement takes its entries as arrays, one element per entry, joined back together with
 //! `unnest(..) WITH ORDINALITY`, and returns one row per entry it answered, numbered, so every
@@ -11,12 +11,12 @@ use std::{collections::HashMap, sync::Arc};
 
 use sqlx::{postgres::PgPool, Row};
 
-use super::{Codec, CHANNEL, CLAIM_ATTEMPTS, RELEASE};
+use super::{queries::RELEASE, Codec, CHANNEL, CLAIM_ATTEMPTS};
 use crate::{
     key::KeyHash,
     store::{
-        batch::Runner, sql::millis, Claim, ClaimOutcome, Fenced, FencingToken, StoreError,
-        StoreErrorKind,
+        sql::{batch::Runner, millis},
+        Claim, ClaimOutcome, Fenced, FencingToken, StoreError, StoreErrorKind,
     },
 };
 
@@ -24,7 +24,7 @@ use crate::{
 /// before its entries are failed with [`StoreErrorKind::Conflict`].
 const CONFLICT_ATTEMPTS: usize = 3;
 
-/// Claim many keys in one statement: [`CLAIM`](super::CLAIM) with every entry's parameters in
+/// Claim many keys in one statement: [`CLAIM`](super::queries::CLAIM) with every entry's parameters in
 /// arrays.
 ///
 /// `live`, `claimed` and `existing` are the one-key statement's, joined on the entry's number

@@ -7,7 +7,7 @@
 
 use sqlx::mysql::MySqlDatabaseError;
 
-use crate::store::StoreErrorKind;
+use crate::store::error::StoreErrorKind;
 
 /// The kind of a MySQL or MariaDB error.
 ///

@@ -53,8 +53,8 @@
 //! (`migrations/postgres/0001_idempotency_records.sql` and `0002_watched.sql`, included here verbatim):
 //!
 //! ```sql
-#![doc = include_str!("../../migrations/postgres/0001_idempotency_records.sql")]
-#![doc = include_str!("../../migrations/postgres/0002_watched.sql")]
+#![doc = include_str!("../../../../migrations/postgres/0001_idempotency_records.sql")]
+#![doc = include_str!("../../../../migrations/postgres/0002_watched.sql")]
 //! ```
 //!
 //! # Waiting
@@ -81,28 +81,42 @@
 
 use std::{
     fmt,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
 use sqlx::{
     migrate::Migrator,
-    postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, Postgres},
+    postgres::{PgConnection, PgPool, PgPoolOptions, Postgres},
 };
 use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
 
-use super::batch::{BatchStats, Batcher, Batching, Counters};
-use super::sql::{self, Waiters};
-use super::{
-    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreErrorKind,
-    StoredResponse, TransactionalStore,
+use crate::{
+    key::KeyHash,
+    store::{
+        error::{StoreError, StoreErrorKind},
+        record::{
+            Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
+        },
+        sql::{
+            self,
+            batch::{BatchStats, Batcher, Batching, Counters},
+            Waiters,
+        },
+        Store, TransactionalStore,
+    },
 };
-use crate::key::KeyHash;
 
 mod batch;
+pub(in crate::store) mod error;
+mod listener;
+mod queries;
+
 use batch::{Change, Claims, Write, WriteKind, Writes};
+use listener::ListenerState;
+use queries::{CHECK_SCHEMA, CLAIM_LOCKED, COMPLETE, FORGET, GET, NOTIFY, STATS, SWEEP};
 
 /// The parameters and the claim row, as both SQL stores bind and read them.
 type Codec = sql::Codec<Postgres>;
@@ -111,181 +125,8 @@ type Codec = sql::Codec<Postgres>;
 const CHANNEL: &str = "tower_idempotency";
 
 /// How many times a claim is retried when it raced with an insert it could not see (see
-/// [`CLAIM`]). Two attempts settle it in practice; more only guard against pathological churn.
+/// [`queries::CLAIM`]). Two attempts settle it in practice; more only guard against pathological churn.
 const CLAIM_ATTEMPTS: usize = 8;
-
-/// How long after a failed start the listener is tried again; waiting sleeps meanwhile.
-const LISTENER_RETRY: Duration = Duration::from_secs(5);
-
-/// The claim statement, with extra CTEs first (`$lock`), a condition on the writes (`$gate`)
-/// and extra outcomes last (`$tail`): one text for both claims, checked by the compiler.
-macro_rules! claim_sql {
-    ($lock:literal, $gate:literal, $tail:literal) => {
-        concat!(
-            "\nWITH ",
-            $lock,
-            r#"
-live AS (
-    SELECT l.fingerprint, l.state, l.status, l.headers, l.body, l.lease_until
-    FROM idempotency_records AS l
-    WHERE l.key = $1
-      AND l.expires_at > now()
-      AND (l.fingerprint <> $2 OR l.state = 'done' OR l.lease_until > now())
-),
-claimed AS (
-    INSERT INTO idempotency_records AS r
-        (key, fingerprint, token, state, created_at, lease_until, expires_at)
-    SELECT
-        $1, $2, $3, 'running', now(),
-        now() + $4 * interval '1 millisecond',
-        now() + $5 * interval '1 millisecond'
-    WHERE NOT EXISTS (SELECT FROM live)"#,
-            $gate,
-            r#"
-    ON CONFLICT (key) DO UPDATE SET
-        fingerprint = EXCLUDED.fingerprint,
-        token       = EXCLUDED.token,
-        state       = 'running',
-        status      = NULL,
-        headers     = NULL,
-        body        = NULL,
-        lease_until = EXCLUDED.lease_until,
-        watched     = r.watched AND r.expires_at > now(),
-        created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
-        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
-    WHERE r.expires_at <= now()
-       OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
-    RETURNING r.created_at <> now() AS taken_over
-),
-existing AS (
-    SELECT e.fingerprint, e.state, e.status, e.headers, e.body, e.lease_until
-    FROM idempotency_records AS e
-    WHERE e.key = $1 AND NOT EXISTS (SELECT FROM live) AND NOT EXISTS (SELECT FROM claimed)"#,
-            $gate,
-            r#"
-    FOR SHARE
-),
-found AS (
-    SELECT * FROM live
-    UNION ALL
-    SELECT * FROM existing
-)
-SELECT 'claimed' AS outcome, taken_over, NULL::bigint AS lease_remaining_ms,
-       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
-FROM claimed
-UNION ALL
-SELECT CASE WHEN fingerprint <> $2 THEN 'mismatch'
-            WHEN state = 'done' THEN 'done'
-            ELSE 'in_flight' END,
-       false,
-       greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
-       status, headers, body
-FROM found"#,
-            $tail,
-            "\n"
-        )
-    };
-}
-
-/// Claim in one statement.
-///
-/// `live` reads the record as this statement's snapshot sees it, without a lock. A live record
-/// that cannot be claimed (another fingerprint, `done`, or `running` with a valid lease) answers
-/// at once: those states hold until the record expires (a lease can only lapse, which the next
-/// claim handles), so no lock is needed to report them. Replays, duplicates in flight and
-/// mismatches are read-only statements: no transaction id, no WAL flush, no row lock that
-/// concurrent replays of one hot key would queue on.
-///
-/// Otherwise `claimed` inserts the record, or overwrites it when it has expired (a fresh claim,
-/// any fingerprint) or when it is running with a lapsed lease and the same fingerprint (a
-/// takeover: new token and lease, original `created_at` and `expires_at`). `created_at <> now()`
-/// in its `RETURNING` tells a takeover from a fresh claim: a fresh claim writes `now()`, a
-/// takeover keeps a `created_at` at least one lease older. The decision to run the handler is
-/// made only here, under the primary key's conflict check, never by the unlocked read.
-///
-/// When that `WHERE` fails (another attempt changed the row after the snapshot), `ON CONFLICT`
-/// has locked the latest version of the row, and `existing` reads it `FOR SHARE`: under READ
-/// COMMITTED a locking read follows the row to its latest committed version. `existing` runs
-/// only when `live` and `claimed` are empty (one-time filters), so it never touches a row this
-/// statement wrote.
-///
-/// One case remains: a row inserted by a transaction that committed after the snapshot. `ON
-/// CONFLICT` waits for it and sees it, but no read in this statement can: the statement returns
-/// no row, and [`PostgresStore::claim`] runs it again with a fresh snapshot.
-///
-/// [`batch::CLAIM_MANY`] is this statement for many keys at once, which is how the store claims
-/// outside single-commit mode.
-#[allow(dead_code)]
-const CLAIM: &str = claim_sql!("", "", "");
-
-/// [`CLAIM`] inside the handler's transaction, for single-commit mode: the claim is gated by a
-/// transaction-scoped advisory lock on `$6` (the key hash's first eight bytes), taken without
-/// waiting. The lock is the "running" marker: it is held until the transaction commits or rolls
-/// back, and the uncommitted row is invisible to others. When another transaction holds it, the
-/// statement answers `in_flight` (unless a committed record answers first) and writes nothing,
-/// so a duplicate never waits on the uncommitted row.
-const CLAIM_LOCKED: &str = claim_sql!(
-    "lock AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($6) AS held),",
-    " AND (SELECT held FROM lock)",
-    "
-UNION ALL
-SELECT 'in_flight', false, NULL, NULL, NULL, NULL
-WHERE NOT (SELECT held FROM lock) AND NOT EXISTS (SELECT FROM live)"
-);
-
-/// Save the response on the running record held with the token (its expiry unchanged); one row
-/// if the token matched, telling whether a waiter watches the record.
-const COMPLETE: &str = r#"
-UPDATE idempotency_records
-SET state = 'done', status = $3, headers = $4, body = $5
-WHERE key = $1 AND token = $2 AND state = 'running'
-RETURNING watched
-"#;
-
-/// Delete the running record held with the token; one row if the token matched, telling
-/// whether a waiter watches the record.
-const RELEASE: &str = r#"
-DELETE FROM idempotency_records
-WHERE key = $1 AND token = $2 AND state = 'running'
-RETURNING watched
-"#;
-
-/// Announce a change of a watched record to the waiters (of every instance). Inside a
-/// transaction the notification goes out when it commits.
-const NOTIFY: &str = "SELECT pg_notify($1, $2)";
-
-/// Mark the running record of a key as watched, so its completion or release notifies; `true`
-/// when the record is still running and watched (wait for the notification), `false` when it is
-/// no longer running (it changed already: claim again).
-///
-/// The update skips a record already watched, so a crowd of waiters on one hot key reads instead
-/// of queueing on the row lock. It locks a row it updates: a completion under way finishes
-/// first, and the update then finds it done and returns `false`.
-const WATCH: &str = r#"
-WITH marked AS (
-    UPDATE idempotency_records
-    SET watched = true
-    WHERE key = $1 AND state = 'running' AND NOT watched
-    RETURNING 1
-)
-SELECT EXISTS (SELECT FROM marked)
-    OR EXISTS (
-        SELECT FROM idempotency_records
-        WHERE key = $1 AND state = 'running' AND watched
-    )
-"#;
-
-/// Delete up to `$1` expired records, skipping rows another statement holds.
-const SWEEP: &str = r#"
-DELETE FROM idempotency_records
-WHERE key IN (
-    SELECT key FROM idempotency_records
-    WHERE expires_at <= now()
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
-"#;
-
 /// A [`Store`] on PostgreSQL, through an sqlx [`PgPool`].
 ///
 /// Cloning is cheap and shares the pool and the notification listener.
@@ -449,21 +290,17 @@ fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
         .connect_lazy_with(options)
 }
 
-/// Reads every column this version uses, and no row: fails when the table or a column is missing.
-const CHECK_SCHEMA: &str =
-    "SELECT key, fingerprint, token, state, status, headers, body, created_at, lease_until, expires_at, watched FROM idempotency_records WHERE false";
-
 fn migrator() -> Migrator {
     sql::migrator(&[
         (
             1,
             "idempotency records",
-            include_str!("../../migrations/postgres/0001_idempotency_records.sql"),
+            include_str!("../../../../migrations/postgres/0001_idempotency_records.sql"),
         ),
         (
             2,
             "watched records",
-            include_str!("../../migrations/postgres/0002_watched.sql"),
+            include_str!("../../../../migrations/postgres/0002_watched.sql"),
         ),
     ])
 }
@@ -565,6 +402,11 @@ impl Store for PostgresStore {
             .await?;
         Ok(deleted.rows_affected() > 0)
     }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let row = sqlx::query_as(STATS).fetch_one(&self.inner.pool).await?;
+        sql::stats_of(row)
+    }
 }
 
 impl TransactionalStore for PostgresStore {
@@ -651,167 +493,6 @@ fn raced() -> StoreError {
     )
 }
 
-// ---------------------------------------------------------------------------------------------
-// Notifications
-// ---------------------------------------------------------------------------------------------
-
-/// The notification listener of one store: a task that connects, `LISTEN`s and then wakes the
-/// waiters of each key it hears about.
-#[derive(Default)]
-struct ListenerState {
-    task: Option<tokio::task::JoinHandle<()>>,
-    started_at: Option<Instant>,
-}
-
-impl Inner {
-    /// Make sure the listener task runs, starting it in the background if needed; whether it
-    /// listens.
-    ///
-    /// The caller never waits for the connection beyond its own deadline: a wait that begins
-    /// before the listener is listening is bounded by its timeout like any other. A task that
-    /// stopped (connection refused, pool closed) is restarted at most once per
-    /// [`LISTENER_RETRY`]; meanwhile waits simply last their timeout.
-    fn ensure_listener(&self) -> watch::Receiver<bool> {
-        let mut state = self.listener.lock().unwrap_or_else(PoisonError::into_inner);
-        let running = state.task.as_ref().is_some_and(|task| {
-            !task.is_finished()
-                || state
-                    .started_at
-                    .is_some_and(|at| at.elapsed() < LISTENER_RETRY)
-        });
-        if !running {
-            state.task = Some(tokio::spawn(listen(
-                self.pool.clone(),
-                self.waiters.clone(),
-                self.listening.clone(),
-            )));
-            state.started_at = Some(Instant::now());
-        }
-        self.listening.subscribe()
-    }
-
-    /// What a wait on `key` does before it waits for the notification (see
-    /// [`sql::wait_for_change`]): the listener listening, then the record marked watched.
-    /// Whether to wait on: `false` once the record is no longer running or the deadline passed.
-    async fn watch(&self, key: &KeyHash, deadline: Instant) -> bool {
-        let mut listening = self.ensure_listener();
-        // Mark the record only once the listener listens: a completion committed after the mark
-        // then reaches this process. Until then (or if it cannot listen) the wait is the timeout.
-        if !matches!(
-            tokio::time::timeout_at(deadline, listening.wait_for(|on| *on)).await,
-            Ok(Ok(_))
-        ) {
-            tokio::time::sleep_until(deadline).await;
-            return false;
-        }
-        let watch = sqlx::query_scalar::<_, bool>(WATCH)
-            .bind(key.as_bytes().as_slice())
-            .fetch_one(&self.pool);
-        match tokio::time::timeout_at(deadline, watch).await {
-            // No longer running: it changed between the claim and the mark.
-            Ok(Ok(false)) | Err(_) => false,
-            Ok(Ok(true)) => true,
-            Ok(Err(err)) => {
-                tracing::debug!(
-                    target: "tower_idempotency",
-                    error = %err,
-                    "marking a record watched failed; waiting for the timeout"
-                );
-                true
-            }
-        }
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        let state = self
-            .listener
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(task) = &state.task {
-            task.abort();
-        }
-    }
-}
-
-/// Connect and listen, then receive notifications until the listener fails; `listening` is
-/// `true` meanwhile.
-async fn listen(pool: PgPool, waiters: Arc<Waiters>, listening: Arc<watch::Sender<bool>>) {
-    // A connection of its own, outside the application's pool: a listener holds its connection
-    // for good, which would starve a small pool.
-    let started = async {
-        let own = PgPoolOptions::new()
-            .max_connections(1)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .connect_with(pool.connect_options().as_ref().clone())
-            .await?;
-        let mut listener = PgListener::connect_with(&own).await?;
-        listener.listen(CHANNEL).await?;
-        Ok::<_, sqlx::Error>(listener)
-    };
-    let mut listener = match started.await {
-        Ok(listener) => listener,
-        Err(err) => {
-            tracing::warn!(
-                target: "tower_idempotency",
-                error = %err,
-                "cannot listen for idempotency notifications; waiting falls back to polling"
-            );
-            return;
-        }
-    };
-    listening.send_replace(true);
-    loop {
-        match listener.try_recv().await {
-            Ok(Some(notification)) => {
-                if let Some(key) = parse_key_hex(notification.payload()) {
-                    waiters.wake(&key);
-                }
-            }
-            // The connection was lost and re-established: notifications may have been missed.
-            Ok(None) => waiters.wake_all(),
-            Err(err) => {
-                tracing::warn!(
-                    target: "tower_idempotency",
-                    error = %err,
-                    "the idempotency notification listener stopped; a later wait restarts it"
-                );
-                listening.send_replace(false);
-                waiters.wake_all();
-                return;
-            }
-        }
-    }
-}
-
-/// A key hash from the hex text of a notification; `None` for anything else on the channel.
-fn parse_key_hex(hex: &str) -> Option<KeyHash> {
-    let hex = hex.as_bytes();
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut key = [0u8; 32];
-    for (byte, pair) in key.iter_mut().zip(hex.chunks_exact(2)) {
-        let digit = |c: u8| (c as char).to_digit(16);
-        *byte = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
-    }
-    Some(KeyHash(key))
-}
-
-/// Operators' read of one live record ([`Store::get`]), its times left by the database's clock.
-const GET: &str = r#"
-SELECT state, status, headers, body,
-    GREATEST(0, EXTRACT(EPOCH FROM (lease_until - now())) * 1000)::bigint AS lease_ms,
-    GREATEST(0, EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::bigint AS expires_ms
-FROM idempotency_records
-WHERE key = $1 AND expires_at > now()
-"#;
-
-/// Operators' delete of one record, whatever its state ([`Store::forget`]).
-const FORGET: &str = "DELETE FROM idempotency_records WHERE key = $1";
-
 /// A row of [`GET`] as the record it describes.
 fn record_info(row: &sqlx::postgres::PgRow) -> Result<RecordInfo, StoreError> {
     use sqlx::Row;
@@ -833,20 +514,5 @@ fn record_info(row: &sqlx::postgres::PgRow) -> Result<RecordInfo, StoreError> {
             Ok(RecordInfo::done(response, expires_in))
         }
         _ => Err(StoreError::corrupt("a record has an unknown state")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn notification_payloads_parse_as_key_hashes() {
-        let key = KeyHash([0xab; 32]);
-        assert_eq!(parse_key_hex(&key.to_hex()), Some(key));
-        assert_eq!(parse_key_hex(&"AB".repeat(32)), Some(key));
-        assert_eq!(parse_key_hex("abc"), None);
-        assert_eq!(parse_key_hex(&"zz".repeat(32)), None);
-        assert_eq!(parse_key_hex(&"é".repeat(32)), None);
     }
 }

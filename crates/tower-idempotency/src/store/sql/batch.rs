@@ -42,7 +42,10 @@ use std::{
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::{waiters::lock, StoreError, StoreErrorKind};
+use crate::store::{
+    error::{StoreError, StoreErrorKind},
+    waiters::lock,
+};
 
 /// How a SQL store batches the operations of concurrent requests (group commit).
 ///

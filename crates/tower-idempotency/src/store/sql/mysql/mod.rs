@@ -68,7 +68,7 @@
 //! (`migrations/mysql/0001_idempotency_records.sql`, included here verbatim):
 //!
 //! ```sql
-#![doc = include_str!("../../../migrations/mysql/0001_idempotency_records.sql")]
+#![doc = include_str!("../../../../migrations/mysql/0001_idempotency_records.sql")]
 //! ```
 //!
 //! # Waiting
@@ -94,17 +94,22 @@ use tokio::time::Instant;
 
 pub use sqlx;
 
-use super::sql::{self, Waiters};
-use super::{
-    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreErrorKind,
-    StoredResponse, TransactionalStore,
+use crate::{
+    key::KeyHash,
+    store::{
+        error::{StoreError, StoreErrorKind},
+        record::{
+            Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
+        },
+        sql::{self, Waiters},
+        Store, TransactionalStore,
+    },
 };
-use crate::key::KeyHash;
 
-pub(super) mod error;
+pub(in crate::store) mod error;
 mod queries;
 
-use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, FORGET, GET, LIVE, RELEASE, RENEW, SWEEP};
+use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, FORGET, GET, LIVE, RELEASE, RENEW, STATS, SWEEP};
 
 /// The parameters and the claim row, as every SQL store binds and reads them.
 type Codec = sql::Codec<MySql>;
@@ -227,7 +232,7 @@ fn migrator() -> Migrator {
     sql::migrator(&[(
         1,
         "idempotency records",
-        include_str!("../../../migrations/mysql/0001_idempotency_records.sql"),
+        include_str!("../../../../migrations/mysql/0001_idempotency_records.sql"),
     )])
 }
 
@@ -348,6 +353,13 @@ impl Store for MySqlStore {
             .inner
             .announce(key, Fenced::from_rows(done.rows_affected()))
             .applied())
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let read = sqlx::query_as(STATS);
+        let pool = self.inner.pool.clone();
+        let row = detached(async move { read.fetch_one(&pool).await }).await?;
+        sql::stats_of(row)
     }
 }
 
