@@ -70,6 +70,39 @@ pub struct Settings {
     pub config: Config,
     /// The server's timeouts and bounds.
     pub server: ServerConfig,
+    /// `ADMIN_TOKEN`: the bearer token of the operator routes under `/admin/idempotency`
+    /// ([`admin_routes`](crate::admin_routes)); unset (the default) leaves them unmounted.
+    pub admin_token: Option<AdminToken>,
+}
+
+/// The secret an operator sends as `Authorization: Bearer <token>` to the admin routes. Its
+/// `Debug` hides it, so the settings can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// A token of at least 16 characters (shorter ones are too easily guessed), else `None`.
+    pub fn new(token: impl Into<String>) -> Option<Self> {
+        let token = token.into();
+        (token.len() >= 16).then_some(Self(token))
+    }
+
+    /// Whether `presented` is the token, in a time that does not depend on where they differ.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let expected = self.0.as_bytes();
+        expected.len() == presented.len()
+            && expected
+                .iter()
+                .zip(presented)
+                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+                == 0
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminToken(..)")
+    }
 }
 
 /// The address served on when `BIND_ADDR` is not set.
@@ -170,11 +203,22 @@ impl Settings {
                 "a whole number of milliseconds, like 10000",
             )?),
         };
+        let admin_token = match get("ADMIN_TOKEN") {
+            None => None,
+            Some(v) => Some(AdminToken::new(v.trim()).ok_or_else(|| {
+                ConfigError::new(
+                    "ADMIN_TOKEN",
+                    "(hidden)",
+                    "a secret of at least 16 characters",
+                )
+            })?),
+        };
         Ok(Self {
             database_url,
             bind_addr,
             config,
             server,
+            admin_token,
         })
     }
 }
@@ -242,6 +286,20 @@ mod tests {
         assert_eq!(s.config.lease, Duration::from_secs(30));
         assert_eq!(s.config.ttl, Duration::from_secs(86400));
         assert_eq!(s.server, ServerConfig::default());
+    }
+
+    #[test]
+    fn the_admin_token_is_read_long_enough_and_never_shown() {
+        assert_eq!(settings(&[]).unwrap().admin_token, None);
+        let s = settings(&[("ADMIN_TOKEN", "0123456789abcdef")]).unwrap();
+        let token = s.admin_token.clone().expect("the token");
+        assert!(token.matches(b"0123456789abcdef"));
+        assert!(!token.matches(b"0123456789abcdeF"));
+        assert!(!token.matches(b"0123456789abcde"));
+        assert!(!format!("{s:?}").contains("0123456789abcdef"), "{s:?}");
+        let short = settings(&[("ADMIN_TOKEN", "short")]).unwrap_err();
+        assert_eq!(short.variable, "ADMIN_TOKEN");
+        assert!(!short.to_string().contains("short"), "{short}");
     }
 
     #[test]

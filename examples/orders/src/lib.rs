@@ -24,6 +24,7 @@
 //! | `GET /healthz` | 200 when the database answers `SELECT 1`, 503 otherwise |
 //! | `GET /metrics` | Prometheus text: `idempotency_requests_total{outcome}`, store latency, .. |
 //! | `GET /openapi.json` | the OpenAPI document, generated from the code |
+//! | `/admin/idempotency/...` | with `ADMIN_TOKEN` set ([`admin_routes`]): the operator routes of [`tower_idempotency::admin`] (`GET /stats`, `GET`/`DELETE /keys/{key}?scope=..`, ..) behind `Authorization: Bearer <ADMIN_TOKEN>`, 401 without |
 //!
 //! Every answer carries an `x-request-id` (the client's, or a new UUID), each request runs in a
 //! `tower-http` trace span carrying it, and a request unanswered after [`REQUEST_TIMEOUT`] gets
@@ -52,6 +53,7 @@ use tower_idempotency::{
     Idempotency, Sweeper, Transactional,
 };
 
+mod admin;
 mod backend;
 mod config;
 mod openapi;
@@ -61,7 +63,8 @@ mod routes;
 mod server;
 mod telemetry;
 
-pub use config::{Config, ConfigError, ServerConfig, Settings};
+pub use admin::admin_routes;
+pub use config::{AdminToken, Config, ConfigError, ServerConfig, Settings};
 pub use openapi::ApiDoc;
 pub use payment::PaymentProvider;
 pub use problem::{DbFault, Problem};

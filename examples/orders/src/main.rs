@@ -15,6 +15,8 @@
 //!                               arrive within this, or the connection is closed
 //! MAX_CONNECTIONS       1024    connections served at once; more wait in the backlog
 //! SHUTDOWN_GRACE_MS     10000   after SIGTERM/SIGINT, running requests get this long
+//! ADMIN_TOKEN           (unset) serve the idempotency operator routes at /admin/idempotency
+//!                               to `Authorization: Bearer <ADMIN_TOKEN>` (16 characters or more)
 //! RUST_LOG              info
 //! LOG_FORMAT            text    `json`: one JSON object per line, with the span fields
 //!                               (http.route, idempotency.key_hash, outcome, request_id)
@@ -80,7 +82,10 @@ async fn run() -> Result<(), String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
-    let app = orders_api::app(db.clone(), settings.config);
+    let mut app = orders_api::app(db.clone(), settings.config);
+    if let Some(token) = settings.admin_token.clone() {
+        app = app.merge(orders_api::admin_routes(&db, token));
+    }
     tracing::info!(database = db.kind(), config = ?settings.config, "orders API ready");
     // Tests and scripts wait for this exact line on stdout.
     println!("listening on http://{addr}");
