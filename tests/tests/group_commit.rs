@@ -32,21 +32,21 @@ use tower_idempotency_tests::{
 
 /// A store whose batch statistics the tests read.
 trait Batched: Store + Clone {
-    fn stats(&self) -> BatchStats;
+    fn batch_stats(&self) -> BatchStats;
     /// Whether a claim answered by a committed record is read outside the batch (SQLite reads
     /// replays, duplicates in flight and mismatches without the write lock).
     const READS_OUTSIDE_THE_BATCH: bool;
 }
 
 impl Batched for PostgresStore {
-    fn stats(&self) -> BatchStats {
+    fn batch_stats(&self) -> BatchStats {
         self.batch_stats()
     }
     const READS_OUTSIDE_THE_BATCH: bool = false;
 }
 
 impl Batched for SqliteStore {
-    fn stats(&self) -> BatchStats {
+    fn batch_stats(&self) -> BatchStats {
         self.batch_stats()
     }
     const READS_OUTSIDE_THE_BATCH: bool = true;
@@ -100,7 +100,7 @@ async fn one_batch_answers_every_outcome<S: Batched>(store: S) {
         rival.clone(),
         claim_of(rival.key, "another body", LONG, DAY),
     ];
-    let before = store.stats();
+    let before = Batched::batch_stats(&store);
     // Polled in order in one task of a current-thread runtime: every claim is queued before
     // the batch driver runs, so they share one batch.
     let outcomes: Vec<ClaimOutcome> = join_all(batch.iter().map(|claim| store.claim(claim)))
@@ -108,7 +108,7 @@ async fn one_batch_answers_every_outcome<S: Batched>(store: S) {
         .into_iter()
         .map(|outcome| outcome.expect("claim"))
         .collect();
-    let shared = store.stats() - before;
+    let shared = Batched::batch_stats(&store) - before;
     assert_eq!(outcomes[0], ClaimOutcome::Done(saved));
     assert!(
         matches!(outcomes[1], ClaimOutcome::InFlight { lease_remaining } if lease_remaining > Duration::ZERO)
@@ -222,7 +222,7 @@ async fn a_thousand_requests_over_a_hundred_keys<S: Batched>(stores: Vec<S>) {
         .iter()
         .map(|store| app(store.clone(), executions.clone()))
         .collect();
-    let before: Vec<BatchStats> = stores.iter().map(Batched::stats).collect();
+    let before: Vec<BatchStats> = stores.iter().map(Batched::batch_stats).collect();
     let start = Arc::new(tokio::sync::Barrier::new(1000));
     let tasks: Vec<_> = (0..1000)
         .map(|i| {
@@ -270,7 +270,7 @@ async fn a_thousand_requests_over_a_hundred_keys<S: Batched>(stores: Vec<S>) {
     let shared: Vec<BatchStats> = stores
         .iter()
         .zip(before)
-        .map(|(store, before)| store.stats() - before)
+        .map(|(store, before)| Batched::batch_stats(store) - before)
         .collect();
     assert!(
         shared.iter().any(|stats| stats.mean_batch() > 1.0),

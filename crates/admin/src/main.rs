@@ -1,41 +1,69 @@
 //! Run with: `cargo run -p tower-idempotency-admin -- --url postgres://... COMMAND`
 //!
-//! The operator's tool for a tower-idempotency store: PostgreSQL, SQLite (`sqlite://file.db`)
-//! or Redis (`redis://`, with `--prefix` when the store uses another key prefix).
+//! The operator's tool for a tower-idempotency store: PostgreSQL, SQLite (`sqlite://file.db`),
+//! MySQL or MariaDB (`mysql://`), or Redis (`redis://`, with `--prefix` when the store uses
+//! another key prefix).
 //!
 //! ```text
 //! migrate                        create or upgrade the table (SQL stores; Redis needs none)
 //! check                          the schema is present and current (exit 1 with what to do)
 //! inspect KEY [--scope S] [--body]
-//!                                state, status, lease and expiry left; the body with --body
-//! forget KEY [--scope S]         delete the key's record whatever its state
+//! inspect --hash HEX [--body]    state, status, lease and expiry left; the body with --body
+//! forget KEY [--scope S]
+//! forget --hash HEX              delete the key's record whatever its state
 //! sweep [--batch N]              delete expired records now (SQL stores)
 //! stats                          records by state, the oldest running one
 //! ```
 //!
 //! `--scope` is what the layer scoped the key by: with the default scope, the caller's
 //! `Authorization` header value (`--scope "Bearer sk_live_..."`); none for anonymous callers.
+//! `--hash` names a record by its key hash instead, as `stats` and the layer's logs show it.
+//! `inspect` and `forget` exit with 2 when there is no such record.
+//!
+//! # Backends
+//!
+//! Each backend is a feature of this crate, all four on by default: `postgres`, `sqlite`,
+//! `mysql`, `redis`. Build only what you run, for example without the MySQL driver:
+//!
+//! ```text
+//! cargo install --path crates/admin --no-default-features --features postgres,redis
+//! ```
+//!
+//! A URL whose backend was left out is refused with the feature to enable.
+//!
+//! The commands give the same answers as the library's `admin` router
+//! (`tower_idempotency::admin`): both read through the store's own `get`, `forget`, `sweep` and
+//! `stats`.
 
 use std::{process::ExitCode, time::Duration};
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+#[cfg(feature = "mysql")]
+use tower_idempotency::store::mysql::{sqlx::MySqlPool, MySqlStore};
+#[cfg(feature = "postgres")]
+use tower_idempotency::store::postgres::{sqlx::PgPool, PostgresStore};
+#[cfg(feature = "redis")]
+use tower_idempotency::store::redis::{redis, RedisStore};
+#[cfg(feature = "sqlite")]
+use tower_idempotency::store::sqlite::{sqlx::SqlitePool, SqliteStore};
 use tower_idempotency::{
-    store::{
-        postgres::{sqlx::PgPool, PostgresStore},
-        redis::{redis, RedisStore},
-        sqlite::{sqlx::SqlitePool, SqliteStore},
-        RecordState, Store, StoreError,
-    },
+    store::{DynStore, RecordInfo, RecordState, Store, StoreError, StoreStats},
     IdempotencyKey, KeyHash, Scope,
 };
 
-mod stats;
+#[cfg(not(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+)))]
+compile_error!("build at least one backend: --features postgres, sqlite, mysql or redis");
 
 /// Operator tool for tower-idempotency stores.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
-    /// The store: postgres://..., sqlite://FILE or redis://...
+    /// The store: postgres://..., sqlite://FILE, mysql://... or redis://...
     #[arg(long, env = "DATABASE_URL")]
     url: String,
     /// Redis only: the key prefix the store uses.
@@ -47,28 +75,22 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Create or upgrade the idempotency table (PostgreSQL, SQLite).
+    /// Create or upgrade the idempotency table (PostgreSQL, SQLite, MySQL).
     Migrate,
     /// Check that the schema is present and current.
     Check,
     /// Show one key's record.
     Inspect {
-        /// The Idempotency-Key, as the client sent it.
-        key: String,
-        /// The scope: with the default scope, the caller's Authorization header value.
-        #[arg(long, default_value = "")]
-        scope: String,
+        #[command(flatten)]
+        record: Record,
         /// Also print the saved body.
         #[arg(long)]
         body: bool,
     },
     /// Delete one key's record whatever its state: its next request runs as new.
     Forget {
-        /// The Idempotency-Key, as the client sent it.
-        key: String,
-        /// The scope: with the default scope, the caller's Authorization header value.
-        #[arg(long, default_value = "")]
-        scope: String,
+        #[command(flatten)]
+        record: Record,
     },
     /// Delete expired records now.
     Sweep {
@@ -80,11 +102,88 @@ enum Command {
     Stats,
 }
 
-/// The store behind `--url`.
+/// Which record: a key and its scope, or a key hash.
+#[derive(Debug, Args)]
+struct Record {
+    /// The Idempotency-Key, as the client sent it.
+    #[arg(required_unless_present = "hash")]
+    key: Option<String>,
+    /// The scope: with the default scope, the caller's Authorization header value.
+    #[arg(long, default_value = "", conflicts_with = "hash")]
+    scope: String,
+    /// The record's key hash (64 hex digits), as `stats` and the layer's logs show it.
+    #[arg(long, conflicts_with = "key")]
+    hash: Option<String>,
+}
+
+impl Record {
+    /// The record's identity, as the layer computes it: `sha256(scope || key)`.
+    fn key_hash(&self) -> Result<KeyHash, String> {
+        if let Some(hash) = &self.hash {
+            return KeyHash::from_hex(hash)
+                .ok_or_else(|| "--hash is 64 hex digits, as `stats` shows it".to_owned());
+        }
+        let key = self.key.as_deref().unwrap_or_default();
+        let key = IdempotencyKey::parse(key.as_bytes())
+            .map_err(|e| format!("not a valid Idempotency-Key: {e}"))?;
+        Ok(key.scoped_hash(&Scope::new(self.scope.as_str())))
+    }
+}
+
+/// The store behind `--url`: the concrete one for `migrate` and `check`.
+#[derive(Clone)]
 enum Backend {
-    Postgres(PostgresStore, PgPool),
-    Sqlite(SqliteStore, SqlitePool),
-    Redis(RedisStore, redis::Client),
+    #[cfg(feature = "postgres")]
+    Postgres(PostgresStore),
+    #[cfg(feature = "sqlite")]
+    Sqlite(SqliteStore),
+    #[cfg(feature = "mysql")]
+    MySql(MySqlStore),
+    #[cfg(feature = "redis")]
+    Redis(RedisStore),
+}
+
+impl Backend {
+    /// The same store behind `DynStore`, for the verbs every store has.
+    fn store(&self) -> DynStore {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(store) => DynStore::new(store.clone()),
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(store) => DynStore::new(store.clone()),
+            #[cfg(feature = "mysql")]
+            Backend::MySql(store) => DynStore::new(store.clone()),
+            #[cfg(feature = "redis")]
+            Backend::Redis(store) => DynStore::new(store.clone()),
+        }
+    }
+
+    async fn migrate(&self) -> Result<&'static str, StoreError> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(store) => store.migrate().await.map(|()| "migrated"),
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(store) => store.migrate().await.map(|()| "migrated"),
+            #[cfg(feature = "mysql")]
+            Backend::MySql(store) => store.migrate().await.map(|()| "migrated"),
+            #[cfg(feature = "redis")]
+            Backend::Redis(_) => Ok("Redis needs no migration"),
+        }
+    }
+
+    async fn check(&self) -> Result<(), StoreError> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(store) => store.check_schema().await,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(store) => store.check_schema().await,
+            #[cfg(feature = "mysql")]
+            Backend::MySql(store) => store.check_schema().await,
+            // No schema: reaching the server and running a read script is the check.
+            #[cfg(feature = "redis")]
+            Backend::Redis(store) => Store::get(store, &KeyHash([0; 32])).await.map(drop),
+        }
+    }
 }
 
 #[tokio::main]
@@ -99,58 +198,88 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The URL schemes, the feature of this crate that reads each, and whether it is built in.
+const SCHEMES: &[(&[&str], &str, bool)] = &[
+    (
+        &["postgres:", "postgresql:"],
+        "postgres",
+        cfg!(feature = "postgres"),
+    ),
+    (&["sqlite:"], "sqlite", cfg!(feature = "sqlite")),
+    (&["mysql:", "mariadb:"], "mysql", cfg!(feature = "mysql")),
+    (&["redis:", "rediss:"], "redis", cfg!(feature = "redis")),
+];
+
 async fn connect(cli: &Cli) -> Result<Backend, String> {
     let url = cli.url.as_str();
-    if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        let pool = PgPool::connect(url)
-            .await
-            .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
-        Ok(Backend::Postgres(PostgresStore::new(pool.clone()), pool))
-    } else if url.starts_with("sqlite:") {
-        let pool = SqlitePool::connect(url)
-            .await
-            .map_err(|e| format!("cannot open SQLite: {e}"))?;
-        Ok(Backend::Sqlite(SqliteStore::new(pool.clone()), pool))
-    } else if url.starts_with("redis:") || url.starts_with("rediss:") {
-        let client = redis::Client::open(url).map_err(|e| format!("invalid Redis URL: {e}"))?;
-        let store = RedisStore::connect(client.clone())
-            .await
-            .map_err(|e| format!("cannot connect to Redis: {}", chain(&e)))?
-            .with_prefix(cli.prefix.clone());
-        Ok(Backend::Redis(store, client))
-    } else {
-        Err("--url must start with postgres://, sqlite:// or redis://".to_owned())
+    let Some((_, feature, built)) = SCHEMES
+        .iter()
+        .find(|(schemes, ..)| schemes.iter().any(|s| url.starts_with(s)))
+    else {
+        return Err(
+            "--url must start with postgres://, sqlite://, mysql:// or redis://".to_owned(),
+        );
+    };
+    if !built {
+        return Err(format!(
+            "this build has no {feature} backend: rebuild with `--features {feature}`"
+        ));
+    }
+    match *feature {
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let pool = PgPool::connect(url)
+                .await
+                .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
+            Ok(Backend::Postgres(PostgresStore::new(pool)))
+        }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => {
+            let pool = SqlitePool::connect(url)
+                .await
+                .map_err(|e| format!("cannot open SQLite: {e}"))?;
+            Ok(Backend::Sqlite(SqliteStore::new(pool)))
+        }
+        #[cfg(feature = "mysql")]
+        "mysql" => {
+            // sqlx reads `mysql://` only; MariaDB users often write `mariadb://`.
+            let url = url.replacen("mariadb:", "mysql:", 1);
+            let pool = MySqlPool::connect(&url)
+                .await
+                .map_err(|e| format!("cannot connect to MySQL: {e}"))?;
+            Ok(Backend::MySql(MySqlStore::new(pool)))
+        }
+        #[cfg(feature = "redis")]
+        "redis" => {
+            let client = redis::Client::open(url).map_err(|e| format!("invalid Redis URL: {e}"))?;
+            let store = RedisStore::connect(client)
+                .await
+                .map_err(|e| format!("cannot connect to Redis: {}", chain(&e)))?
+                .with_prefix(cli.prefix.clone());
+            Ok(Backend::Redis(store))
+        }
+        _ => unreachable!("every built scheme has its arm"),
     }
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, String> {
     let backend = connect(&cli).await?;
+    let store = backend.store();
     match &cli.command {
         Command::Migrate => {
-            match &backend {
-                Backend::Postgres(store, _) => store.migrate().await.map_err(|e| chain(&e))?,
-                Backend::Sqlite(store, _) => store.migrate().await.map_err(|e| chain(&e))?,
-                Backend::Redis(..) => println!("Redis needs no migration"),
-            }
-            println!("migrated");
+            let done = backend.migrate().await.map_err(|e| chain(&e))?;
+            println!("{done}");
         }
         Command::Check => {
-            let checked = match &backend {
-                Backend::Postgres(store, _) => store.check_schema().await,
-                Backend::Sqlite(store, _) => store.check_schema().await,
-                Backend::Redis(store, _) => Store::get(store, &KeyHash([0; 32])).await.map(drop),
-            };
-            if let Err(err) = checked {
+            if let Err(err) = backend.check().await {
                 eprintln!("not ready: {}", chain(&err));
                 return Ok(ExitCode::FAILURE);
             }
             println!("schema present and current");
         }
-        Command::Inspect { key, scope, body } => {
-            let hash = key_hash(key, scope)?;
-            let record =
-                with_store(&backend, |s| Box::pin(async move { s.record(&hash).await })).await;
-            match record.map_err(|e| chain(&e))? {
+        Command::Inspect { record, body } => {
+            let hash = record.key_hash()?;
+            match store.get(&hash).await.map_err(|e| chain(&e))? {
                 None => {
                     println!("no record for this key (never used, expired, or another scope)");
                     return Ok(ExitCode::from(2));
@@ -158,13 +287,10 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
                 Some(record) => print_record(&hash, &record, *body),
             }
         }
-        Command::Forget { key, scope } => {
-            let hash = key_hash(key, scope)?;
-            let forgot = with_store(&backend, |s| Box::pin(async move { s.delete(&hash).await }))
-                .await
-                .map_err(|e| chain(&e))?;
-            if forgot {
-                println!("forgotten: {}", hash.to_hex());
+        Command::Forget { record } => {
+            let hash = record.key_hash()?;
+            if store.forget(&hash).await.map_err(|e| chain(&e))? {
+                println!("forgotten: {hash}");
             } else {
                 println!("no record for this key");
                 return Ok(ExitCode::from(2));
@@ -174,11 +300,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             let batch = (*batch).max(1);
             let mut total = 0;
             loop {
-                let deleted = with_store(&backend, |s| {
-                    Box::pin(async move { s.sweep_batch(batch).await })
-                })
-                .await
-                .map_err(|e| chain(&e))?;
+                let deleted = store.sweep(batch).await.map_err(|e| chain(&e))?;
                 total += deleted;
                 if deleted < u64::from(batch) {
                     break;
@@ -187,72 +309,32 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             println!("swept {total} expired records");
         }
         Command::Stats => {
-            let stats = match &backend {
-                Backend::Postgres(_, pool) => stats::postgres(pool).await,
-                Backend::Sqlite(_, pool) => stats::sqlite(pool).await,
-                Backend::Redis(_, client) => stats::redis(client, &cli.prefix).await,
-            }
-            .map_err(|e| format!("reading the stats failed: {e}"))?;
-            println!("running {}", stats.running);
-            println!("done    {}", stats.done);
-            println!("expired {} (not swept yet)", stats.expired);
-            match stats.oldest_running {
-                Some(age) => println!("oldest running: claimed {} ago", human(age)),
-                None => println!("oldest running: none"),
-            }
+            let stats = store
+                .stats()
+                .await
+                .map_err(|e| format!("reading the stats failed: {}", chain(&e)))?;
+            print_stats(&stats);
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>;
-
-/// Run one store operation on whichever store `--url` named.
-async fn with_store<T>(
-    backend: &Backend,
-    op: impl for<'a> Fn(&'a dyn DynOps) -> BoxFuture<'a, Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match backend {
-        Backend::Postgres(store, _) => op(store).await,
-        Backend::Sqlite(store, _) => op(store).await,
-        Backend::Redis(store, _) => op(store).await,
+fn print_stats(stats: &StoreStats) {
+    println!("running {}", stats.running);
+    println!("done    {}", stats.done);
+    println!("expired {} (not swept yet)", stats.expired);
+    match &stats.oldest_running {
+        Some(oldest) => println!(
+            "oldest running: {}, claimed {} ago",
+            oldest.key,
+            human(oldest.age)
+        ),
+        None => println!("oldest running: none"),
     }
 }
 
-/// The store operations the commands use, object-safe.
-trait DynOps {
-    fn record<'a>(
-        &'a self,
-        key: &'a KeyHash,
-    ) -> BoxFuture<'a, Result<Option<tower_idempotency::store::RecordInfo>, StoreError>>;
-    fn delete<'a>(&'a self, key: &'a KeyHash) -> BoxFuture<'a, Result<bool, StoreError>>;
-    fn sweep_batch(&self, batch: u32) -> BoxFuture<'_, Result<u64, StoreError>>;
-}
-
-impl<S: Store> DynOps for S {
-    fn record<'a>(
-        &'a self,
-        key: &'a KeyHash,
-    ) -> BoxFuture<'a, Result<Option<tower_idempotency::store::RecordInfo>, StoreError>> {
-        Box::pin(Store::get(self, key))
-    }
-    fn delete<'a>(&'a self, key: &'a KeyHash) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(Store::forget(self, key))
-    }
-    fn sweep_batch(&self, batch: u32) -> BoxFuture<'_, Result<u64, StoreError>> {
-        Box::pin(Store::sweep(self, batch))
-    }
-}
-
-/// The record's identity, as the layer computes it: `sha256(scope || key)`.
-fn key_hash(key: &str, scope: &str) -> Result<KeyHash, String> {
-    let key = IdempotencyKey::parse(key.as_bytes())
-        .map_err(|e| format!("not a valid Idempotency-Key: {e}"))?;
-    Ok(key.scoped_hash(&Scope::new(scope)))
-}
-
-fn print_record(hash: &KeyHash, record: &tower_idempotency::store::RecordInfo, body: bool) {
-    println!("key hash   {}", hash.to_hex());
+fn print_record(hash: &KeyHash, record: &RecordInfo, body: bool) {
+    println!("key hash   {hash}");
     match record.state {
         RecordState::Running => println!("state      running"),
         RecordState::Done => println!("state      done"),

@@ -1,17 +1,18 @@
-//! The operator tool as an operator runs it: the real binary against real PostgreSQL, SQLite and
-//! Redis, on a record the store wrote.
+//! The operator tool as an operator runs it: the real binary against real PostgreSQL, SQLite,
+//! MySQL (MariaDB) and Redis, on records the store wrote.
 
 use std::{process::Output, time::Duration};
 
 use tower_idempotency::{
     fingerprint::Fingerprint,
     store::{
+        mysql::{sqlx::MySqlPool, MySqlStore},
         postgres::{sqlx, PostgresStore},
         redis::{redis, RedisStore},
         sqlite::SqliteStore,
-        Claim, FencingToken, Store, StoredResponse,
+        Claim, ClaimOutcome, FencingToken, Store, StoredResponse,
     },
-    IdempotencyKey, Scope,
+    IdempotencyKey, KeyHash, Scope,
 };
 
 fn unique(prefix: &str) -> String {
@@ -32,18 +33,29 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// A done record for key `k` of the caller `Bearer alice`, as the layer would save it.
-async fn save_one<S: Store>(store: &S) {
-    let key = IdempotencyKey::parse(b"k")
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn key_of(key: &str) -> KeyHash {
+    IdempotencyKey::parse(key.as_bytes())
         .unwrap()
-        .scoped_hash(&Scope::new("Bearer alice"));
-    let claim = Claim::new(
+        .scoped_hash(&Scope::new("Bearer alice"))
+}
+
+fn claim(key: KeyHash, ttl: Duration) -> Claim {
+    Claim::new(
         key,
         Fingerprint::of(&[b"POST", b"/orders"]),
         FencingToken::new(),
-        Duration::from_secs(30),
-        Duration::from_secs(3600),
-    );
+        Duration::from_secs(30).min(ttl),
+        ttl,
+    )
+}
+
+/// A done record for key `k` of the caller `Bearer alice`, as the layer would save it.
+async fn save_one<S: Store>(store: &S) {
+    let claim = claim(key_of("k"), Duration::from_secs(3600));
     store.claim(&claim).await.unwrap();
     let mut headers = http::HeaderMap::new();
     headers.insert("location", "/orders/1".parse().unwrap());
@@ -53,45 +65,110 @@ async fn save_one<S: Store>(store: &S) {
         bytes::Bytes::from("{\"orderId\":\"1\"}"),
     );
     assert!(store
-        .complete(&key, claim.token, &saved)
+        .complete(&claim.key, claim.token, &saved)
         .await
         .unwrap()
         .applied());
 }
 
-/// inspect (with and without the body, in and out of scope), stats, forget.
-async fn the_verbs_on_one_saved_key(url: &str) {
-    let other_scope = admin(url, &["inspect", "k"]).await;
+/// A running record for key `r` of `Bearer alice`, and one record of another key that expired.
+async fn run_one_and_expire_one<S: Store>(store: &S) -> KeyHash {
+    let running = claim(key_of("r"), Duration::from_secs(3600));
+    assert_eq!(
+        store.claim(&running).await.unwrap(),
+        ClaimOutcome::claimed()
+    );
+    let expired = claim(key_of("x"), Duration::from_millis(1));
+    assert_eq!(
+        store.claim(&expired).await.unwrap(),
+        ClaimOutcome::claimed()
+    );
+    // No signal for the passing of time: look until the store's clock has passed the expiry.
+    while store.get(&expired.key).await.unwrap().is_some() {
+        tokio::task::yield_now().await;
+    }
+    running.key
+}
+
+/// stats, inspect (with and without the body, in and out of scope, by key hash), sweep, forget.
+async fn the_verbs_on_saved_keys<S: Store>(url: &str, store: &S, prefix: &[&str]) {
+    let run = |args: &'static [&'static str]| {
+        let mut all = prefix.to_vec();
+        all.extend_from_slice(args);
+        async move { admin(url, &all).await }
+    };
+    let sweeps = store.name() != "redis";
+    save_one(store).await;
+    let running = run_one_and_expire_one(store).await;
+
+    let stats = run(&["stats"]).await;
+    assert!(stats.status.success(), "{stats:?}");
+    let text = stdout(&stats);
+    assert!(text.contains("running 1\n"), "{text}");
+    assert!(text.contains("done    1\n"), "{text}");
+    let expired = if sweeps { "expired 1 " } else { "expired 0 " };
+    assert!(text.contains(expired), "{text}");
+    assert!(
+        text.contains(&format!("oldest running: {running}, claimed ")),
+        "the running key's hash: {text}"
+    );
+
+    let other_scope = run(&["inspect", "k"]).await;
     assert_eq!(
         other_scope.status.code(),
         Some(2),
         "{}",
         stdout(&other_scope)
     );
-
-    let inspect = admin(url, &["inspect", "k", "--scope", "Bearer alice"]).await;
+    let inspect = run(&["inspect", "k", "--scope", "Bearer alice"]).await;
     assert!(inspect.status.success(), "{inspect:?}");
     let text = stdout(&inspect);
     assert!(text.contains("state      done"), "{text}");
     assert!(text.contains("status     201"), "{text}");
     assert!(text.contains("header     location: /orders/1"), "{text}");
     assert!(
+        text.contains("expires in 59 min") || text.contains("expires in 60 min"),
+        "{text}"
+    );
+    assert!(
         !text.contains("orderId"),
         "the body only with --body: {text}"
     );
-    let with_body = admin(url, &["inspect", "k", "--scope", "Bearer alice", "--body"]).await;
+    let with_body = run(&["inspect", "k", "--scope", "Bearer alice", "--body"]).await;
     assert!(stdout(&with_body).contains("{\"orderId\":\"1\"}"));
 
-    let stats = admin(url, &["stats"]).await;
-    assert!(stats.status.success(), "{stats:?}");
-    assert!(stdout(&stats).contains("done    1"), "{}", stdout(&stats));
+    // The hash `stats` printed names the running record.
+    let mut by_hash = prefix.to_vec();
+    let hex = running.to_hex();
+    by_hash.extend_from_slice(&["inspect", "--hash", &hex]);
+    let inspect = admin(url, &by_hash).await;
+    assert!(inspect.status.success(), "{inspect:?}");
+    assert!(stdout(&inspect).contains("state      running"));
+    assert!(stdout(&inspect).contains(" s left"), "{inspect:?}");
+    let bad_hash = run(&["inspect", "--hash", "abc"]).await;
+    assert_eq!(bad_hash.status.code(), Some(1));
+    assert!(stderr(&bad_hash).contains("64 hex digits"), "{bad_hash:?}");
 
-    let forget = admin(url, &["forget", "k", "--scope", "Bearer alice"]).await;
-    assert!(forget.status.success(), "{forget:?}");
-    let gone = admin(url, &["inspect", "k", "--scope", "Bearer alice"]).await;
-    assert_eq!(gone.status.code(), Some(2));
-    let sweep = admin(url, &["sweep"]).await;
+    let sweep = run(&["sweep"]).await;
     assert!(sweep.status.success(), "{sweep:?}");
+    let swept = if sweeps { "swept 1 " } else { "swept 0 " };
+    assert!(stdout(&sweep).contains(swept), "{}", stdout(&sweep));
+
+    let forget = run(&["forget", "k", "--scope", "Bearer alice"]).await;
+    assert!(forget.status.success(), "{forget:?}");
+    let gone = run(&["inspect", "k", "--scope", "Bearer alice"]).await;
+    assert_eq!(gone.status.code(), Some(2));
+    let mut forget_hash = prefix.to_vec();
+    forget_hash.extend_from_slice(&["forget", "--hash", &hex]);
+    assert!(admin(url, &forget_hash).await.status.success());
+    assert_eq!(admin(url, &forget_hash).await.status.code(), Some(2));
+
+    let stats = run(&["stats"]).await;
+    let text = stdout(&stats);
+    assert!(
+        text.contains("running 0\ndone    0\nexpired 0 (not swept yet)\noldest running: none"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -108,16 +185,12 @@ async fn postgres_migrate_check_inspect_stats_forget_sweep() {
 
     let unmigrated = admin(&url, &["check"]).await;
     assert_eq!(unmigrated.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&unmigrated.stderr).contains("migrate"),
-        "{unmigrated:?}"
-    );
+    assert!(stderr(&unmigrated).contains("migrate"), "{unmigrated:?}");
     assert!(admin(&url, &["migrate"]).await.status.success());
     assert!(admin(&url, &["check"]).await.status.success());
 
     let store = PostgresStore::new(sqlx::PgPool::connect(&url).await.unwrap());
-    save_one(&store).await;
-    the_verbs_on_one_saved_key(&url).await;
+    the_verbs_on_saved_keys(&url, &store, &[]).await;
     store.pool().close().await;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE {name} WITH (FORCE)"
@@ -131,7 +204,9 @@ async fn postgres_migrate_check_inspect_stats_forget_sweep() {
 async fn sqlite_migrate_check_inspect_stats_forget_sweep() {
     let file = std::env::temp_dir().join(format!("{}.db", unique("tidem_admin")));
     let url = format!("sqlite://{}?mode=rwc", file.display());
-    assert_eq!(admin(&url, &["check"]).await.status.code(), Some(1));
+    let unmigrated = admin(&url, &["check"]).await;
+    assert_eq!(unmigrated.status.code(), Some(1));
+    assert!(stderr(&unmigrated).contains("migrate"), "{unmigrated:?}");
     assert!(admin(&url, &["migrate"]).await.status.success());
     assert!(admin(&url, &["check"]).await.status.success());
     let store = SqliteStore::new(
@@ -139,11 +214,52 @@ async fn sqlite_migrate_check_inspect_stats_forget_sweep() {
             .await
             .unwrap(),
     );
-    save_one(&store).await;
-    the_verbs_on_one_saved_key(&url).await;
+    the_verbs_on_saved_keys(&url, &store, &[]).await;
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_migrate_check_inspect_stats_forget_sweep() {
+    let server = std::env::var("MYSQL_URL").expect("MYSQL_URL: a MySQL or MariaDB server");
+    let name = unique("tidem_admin");
+    let pool = MySqlPool::connect(&server).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let url = format!("{}/{name}", server.rsplit_once('/').unwrap().0);
+
+    let unmigrated = admin(&url, &["check"]).await;
+    assert_eq!(unmigrated.status.code(), Some(1), "{unmigrated:?}");
+    let text = stderr(&unmigrated);
+    assert!(
+        text.contains("not ready: ")
+            && text.contains("idempotency_records is missing")
+            && text.contains("MySqlStore::migrate()"),
+        "{text}"
+    );
+    let migrate = admin(&url, &["migrate"]).await;
+    assert!(migrate.status.success(), "{migrate:?}");
+    assert!(stdout(&migrate).contains("migrated"));
+    assert!(admin(&url, &["migrate"]).await.status.success(), "twice");
+    let check = admin(&url, &["check"]).await;
+    assert!(
+        stdout(&check).contains("schema present and current"),
+        "{check:?}"
+    );
+
+    let store = MySqlStore::new(MySqlPool::connect(&url).await.unwrap());
+    the_verbs_on_saved_keys(&url, &store, &[]).await;
+    // MariaDB users often write `mariadb://`: the tool reads it as `mysql://`.
+    let mariadb = url.replacen("mysql:", "mariadb:", 1);
+    assert!(admin(&mariadb, &["stats"]).await.status.success());
+    store.pool().close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE `{name}`")))
+        .execute(&pool)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -154,57 +270,20 @@ async fn redis_check_inspect_stats_forget() {
         .await
         .unwrap()
         .with_prefix(prefix.clone());
-    assert!(admin(&url, &["--prefix", &prefix, "check"])
-        .await
-        .status
-        .success());
-    save_one(&store).await;
-    let url_with_prefix = url.clone();
     // The prefix is a global flag: pass it before the command.
-    let inspect = admin(
-        &url_with_prefix,
-        &[
-            "--prefix",
-            &prefix,
-            "inspect",
-            "k",
-            "--scope",
-            "Bearer alice",
-        ],
-    )
-    .await;
-    assert!(stdout(&inspect).contains("status     201"), "{inspect:?}");
-    let stats = admin(&url, &["--prefix", &prefix, "stats"]).await;
-    assert!(stdout(&stats).contains("done    1"), "{}", stdout(&stats));
-    assert!(admin(
-        &url,
-        &[
-            "--prefix",
-            &prefix,
-            "forget",
-            "k",
-            "--scope",
-            "Bearer alice"
-        ]
-    )
-    .await
-    .status
-    .success());
-    assert_eq!(
-        admin(
-            &url,
-            &[
-                "--prefix",
-                &prefix,
-                "inspect",
-                "k",
-                "--scope",
-                "Bearer alice"
-            ]
-        )
-        .await
-        .status
-        .code(),
-        Some(2)
+    let check = admin(&url, &["--prefix", &prefix, "check"]).await;
+    assert!(check.status.success(), "{check:?}");
+    let migrate = admin(&url, &["migrate"]).await;
+    assert!(stdout(&migrate).contains("Redis needs no migration"));
+    the_verbs_on_saved_keys(&url, &store, &["--prefix", &prefix]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_urls_are_refused_with_the_schemes() {
+    let refused = admin("http://127.0.0.1", &["stats"]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("postgres://, sqlite://, mysql:// or redis://"),
+        "{refused:?}"
     );
 }

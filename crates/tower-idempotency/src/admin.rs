@@ -4,10 +4,17 @@
 //! |---|---|
 //! | `GET /keys/{key}?scope=S[&body=true]` | 200 with the record (state, lease and expiry left, status, headers; the body only with `body=true`), 404 when there is none |
 //! | `DELETE /keys/{key}?scope=S` | 204 when a record was forgotten, 404 when there was none |
+//! | `GET /key-hashes/{hash}[?body=true]`, `DELETE /key-hashes/{hash}` | the same, for a record named by its key hash (64 hex digits, as `/stats` and the logs show it) |
 //! | `POST /sweep?batch=N` | 200 `{"deleted": n}`: expired records deleted now |
+//! | `GET /stats` | 200 `{"running": n, "done": n, "expired": n, "oldestRunning": {"keyHash": "..", "ageMs": n}}` ([`StoreStats`](crate::store::StoreStats); `oldestRunning` is `null` when nothing runs) |
 //!
 //! `scope` is what the layer scoped the key by (under the default scope, the caller's
-//! `Authorization` value); absent means anonymous. Errors are `application/problem+json`.
+//! `Authorization` value); absent means anonymous. Errors are `application/problem+json`: 400 for
+//! an invalid key, key hash or `batch`, 501 when the store does not implement the verb (a custom
+//! store without it; `stats` on Redis Cluster), 503 when the store is unavailable (a retry may
+//! cure it), 500 otherwise. The answers are those of the
+//! [`tower-idempotency-admin`](https://github.com/tower-idempotency/tower-idempotency/tree/main/crates/admin)
+//! command line, which has the same verbs.
 //!
 //! # Warning
 //!
@@ -36,7 +43,7 @@ use axum::{
 
 use crate::{
     key::{IdempotencyKey, Scope},
-    store::{DynStore, RecordState, Store, StoreError},
+    store::{DynStore, RecordState, Store, StoreError, StoreErrorKind},
     sweeper::DEFAULT_SWEEP_BATCH,
     KeyHash,
 };
@@ -45,7 +52,9 @@ use crate::{
 pub fn router(store: DynStore) -> Router {
     Router::new()
         .route("/keys/{key}", get(inspect).delete(forget))
+        .route("/key-hashes/{hash}", get(inspect_hash).delete(forget_hash))
         .route("/sweep", post(sweep))
+        .route("/stats", get(stats))
         .with_state(store)
 }
 
@@ -99,6 +108,8 @@ fn store_failed(err: &StoreError) -> Response {
     tracing::error!(target: "tower_idempotency", error = %crate::observe::Chain(err), "admin: store operation failed");
     let status = if err.is_transient() {
         StatusCode::SERVICE_UNAVAILABLE
+    } else if err.kind() == StoreErrorKind::Unsupported {
+        StatusCode::NOT_IMPLEMENTED
     } else {
         StatusCode::INTERNAL_SERVER_ERROR
     };
@@ -125,11 +136,30 @@ async fn inspect(
     Path(key): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let hash = match key_hash(&key, query.as_deref()) {
-        Ok(hash) => hash,
-        Err(detail) => return problem(StatusCode::BAD_REQUEST, detail),
-    };
-    let with_body = query_value(query.as_deref(), "body").is_some_and(|v| v == "true");
+    match key_hash(&key, query.as_deref()) {
+        Ok(hash) => inspect_record(&store, hash, query.as_deref()).await,
+        Err(detail) => problem(StatusCode::BAD_REQUEST, detail),
+    }
+}
+
+async fn inspect_hash(
+    State(store): State<DynStore>,
+    Path(hash): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    match parse_hash(&hash) {
+        Ok(hash) => inspect_record(&store, hash, query.as_deref()).await,
+        Err(detail) => problem(StatusCode::BAD_REQUEST, detail),
+    }
+}
+
+/// A key hash in a path: 64 hex digits; the detail of a 400 otherwise.
+fn parse_hash(text: &str) -> Result<KeyHash, &'static str> {
+    KeyHash::from_hex(text).ok_or("not a key hash: 64 hex digits, as /stats and the logs show it")
+}
+
+async fn inspect_record(store: &DynStore, hash: KeyHash, query: Option<&str>) -> Response {
+    let with_body = query_value(query, "body").is_some_and(|v| v == "true");
     let record = match store.get(&hash).await {
         Ok(Some(record)) => record,
         Ok(None) => {
@@ -174,10 +204,20 @@ async fn forget(
     Path(key): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let hash = match key_hash(&key, query.as_deref()) {
-        Ok(hash) => hash,
-        Err(detail) => return problem(StatusCode::BAD_REQUEST, detail),
-    };
+    match key_hash(&key, query.as_deref()) {
+        Ok(hash) => forget_record(&store, hash).await,
+        Err(detail) => problem(StatusCode::BAD_REQUEST, detail),
+    }
+}
+
+async fn forget_hash(State(store): State<DynStore>, Path(hash): Path<String>) -> Response {
+    match parse_hash(&hash) {
+        Ok(hash) => forget_record(&store, hash).await,
+        Err(detail) => problem(StatusCode::BAD_REQUEST, detail),
+    }
+}
+
+async fn forget_record(store: &DynStore, hash: KeyHash) -> Response {
     match store.forget(&hash).await {
         Ok(true) => {
             tracing::warn!(target: "tower_idempotency", key_hash = %hash, "admin: key forgotten");
@@ -214,6 +254,23 @@ async fn sweep(State(store): State<DynStore>, RawQuery(query): RawQuery) -> Resp
         }
     }
     Json(serde_json::json!({ "deleted": deleted })).into_response()
+}
+
+async fn stats(State(store): State<DynStore>) -> Response {
+    let stats = match store.stats().await {
+        Ok(stats) => stats,
+        Err(err) => return store_failed(&err),
+    };
+    let oldest = stats.oldest_running.map(
+        |oldest| serde_json::json!({ "keyHash": oldest.key.to_hex(), "ageMs": millis(oldest.age) }),
+    );
+    Json(serde_json::json!({
+        "running": stats.running,
+        "done": stats.done,
+        "expired": stats.expired,
+        "oldestRunning": oldest,
+    }))
+    .into_response()
 }
 
 #[cfg(all(test, feature = "memory"))]

@@ -159,6 +159,11 @@ impl Rejection {
             Rejection::MissingKey { header } => format!(
                 "this endpoint requires an `{header}` header; generate one unique key (for example a UUID) per operation and send the same key on every retry of it"
             ),
+            // The reason says what to do: no second piece of advice.
+            Rejection::InvalidKey {
+                header,
+                reason: reason @ KeyError::Multiple,
+            } => format!("the `{header}` header is invalid: {reason}"),
             Rejection::InvalidKey { header, reason } => format!(
                 "the `{header}` header is invalid: {reason}; send one key of 1 to 255 visible ASCII characters, bare or as a quoted string"
             ),
@@ -354,6 +359,23 @@ pub use crate::extract::MissingExtension;
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    #[test]
+    fn an_invalid_key_detail_gives_one_piece_of_advice() {
+        let twice = Rejection::InvalidKey {
+            header: "Idempotency-Key".to_owned(),
+            reason: KeyError::Multiple,
+        };
+        assert_eq!(
+            twice.detail(),
+            "the `Idempotency-Key` header is invalid: the header appears more than once; send exactly one key"
+        );
+        let empty = Rejection::InvalidKey {
+            header: "Idempotency-Key".to_owned(),
+            reason: KeyError::Empty,
+        };
+        assert!(empty.detail().ends_with("bare or as a quoted string"));
+    }
 
     #[test]
     fn retry_after_rounds_up_to_whole_seconds() {

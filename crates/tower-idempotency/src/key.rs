@@ -147,6 +147,29 @@ impl KeyHash {
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
+
+    /// The key hash written as 64 hex digits (either case), as [`to_hex`](Self::to_hex), logs
+    /// and the admin tools show it; `None` for anything else.
+    ///
+    /// ```
+    /// use tower_idempotency::KeyHash;
+    ///
+    /// let hash = KeyHash([0xab; 32]);
+    /// assert_eq!(KeyHash::from_hex(&hash.to_hex()), Some(hash));
+    /// assert_eq!(KeyHash::from_hex("ab"), None);
+    /// ```
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let digits = text.as_bytes();
+        if digits.len() != 64 {
+            return None;
+        }
+        let digit = |c: u8| (c as char).to_digit(16);
+        let mut key = [0u8; 32];
+        for (byte, pair) in key.iter_mut().zip(digits.chunks_exact(2)) {
+            *byte = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
+        }
+        Some(Self(key))
+    }
 }
 
 impl fmt::Debug for KeyHash {

@@ -3,7 +3,8 @@
 use std::{fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use super::{
-    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoredResponse,
+    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreStats,
+    StoredResponse,
 };
 use crate::key::KeyHash;
 
@@ -52,6 +53,8 @@ pub trait ErasedStore: fmt::Debug + Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Option<RecordInfo>, StoreError>>;
     /// [`Store::forget`].
     fn dyn_forget<'a>(&'a self, key: &'a KeyHash) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// [`Store::stats`].
+    fn dyn_stats(&self) -> BoxFuture<'_, Result<StoreStats, StoreError>>;
 }
 
 impl<S: Store> ErasedStore for S {
@@ -109,6 +112,10 @@ impl<S: Store> ErasedStore for S {
 
     fn dyn_forget<'a>(&'a self, key: &'a KeyHash) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(Store::forget(self, key))
+    }
+
+    fn dyn_stats(&self) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
+        Box::pin(Store::stats(self))
     }
 }
 
@@ -198,6 +205,10 @@ impl Store for DynStore {
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
         self.0.dyn_forget(key).await
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        self.0.dyn_stats().await
     }
 }
 

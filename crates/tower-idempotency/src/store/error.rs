@@ -41,7 +41,8 @@ pub enum StoreErrorKind {
     /// Running the store's migrations failed.
     Migration,
     /// The store does not implement this operation (a custom store without
-    /// [`Store::get`](crate::store::Store::get) or [`Store::forget`](crate::store::Store::forget)).
+    /// [`Store::get`](crate::store::Store::get), [`Store::forget`](crate::store::Store::forget)
+    /// or [`Store::stats`](crate::store::Store::stats); `stats` on Redis Cluster).
     Unsupported,
 }
 

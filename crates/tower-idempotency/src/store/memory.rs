@@ -10,7 +10,7 @@ use tokio::{sync::Notify, time::Instant};
 
 use super::{
     waiters::lock, Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError,
-    StoreErrorKind, StoredResponse,
+    StoreErrorKind, StoreStats, StoredResponse,
 };
 use crate::{fingerprint::Fingerprint, key::KeyHash};
 
@@ -117,6 +117,8 @@ struct Record {
     fingerprint: Fingerprint,
     token: FencingToken,
     state: State,
+    /// The first claim (a takeover keeps it): for [`Store::stats`].
+    claimed_at: Instant,
     expires_at: Instant,
     changed: Arc<Notify>,
 }
@@ -224,6 +226,7 @@ impl Store for MemoryStore {
             state: State::Running {
                 lease_until: now + claim.lease,
             },
+            claimed_at: now,
             expires_at,
             changed: Arc::new(Notify::new()),
         };
@@ -360,6 +363,33 @@ impl Store for MemoryStore {
             record.changed.notify_waiters();
         }
         Ok(removed.is_some())
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let now = Instant::now();
+        let mut stats = StoreStats::default();
+        let mut oldest: Option<(KeyHash, Instant)> = None;
+        for shard in self.shards.iter() {
+            for (key, record) in &lock(shard).records {
+                if record.expires_at <= now {
+                    stats.expired += 1;
+                    continue;
+                }
+                match record.state {
+                    State::Done(_) => stats.done += 1,
+                    State::Running { .. } => {
+                        stats.running += 1;
+                        if oldest.is_none_or(|(_, at)| record.claimed_at < at) {
+                            oldest = Some((*key, record.claimed_at));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(match oldest {
+            Some((key, at)) => stats.with_oldest_running(key, now.saturating_duration_since(at)),
+            None => stats,
+        })
     }
 }
 

@@ -40,7 +40,8 @@ mod time;
 pub use dynamic::{BoxFuture, DynStore, ErasedStore};
 pub use error::{StoreError, StoreErrorKind};
 pub use record::{
-    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, RecordState, StoredResponse,
+    Claim, ClaimOutcome, Fenced, FencingToken, OldestRunning, RecordInfo, RecordState, StoreStats,
+    StoredResponse,
 };
 
 #[cfg(feature = "memory")]
@@ -178,6 +179,14 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     fn forget(&self, key: &KeyHash) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let _ = key;
         async { Err(StoreError::unsupported("forget")) }
+    }
+
+    /// Operators: the records by state and the oldest running one ([`StoreStats`]). Reads
+    /// only, but visits every record (a table scan in SQL, a `SCAN` in Redis): for a dashboard
+    /// or a command line, not for every request. Every built-in store implements it (Redis
+    /// Cluster excepted); the default answers [`StoreErrorKind::Unsupported`].
+    fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send {
+        async { Err(StoreError::unsupported("stats")) }
     }
 }
 

@@ -331,6 +331,52 @@ impl RecordInfo {
     }
 }
 
+/// The records of a store by state, as [`Store::stats`](super::Store::stats) counts them by the
+/// store's clock: what an operator looks at first (a growing `running` count or an old running
+/// record means stuck handlers, a large `expired` count a sweeper that does not keep up).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreStats {
+    /// Live records an attempt holds or held (lapsed leases included: the next retry takes
+    /// those over).
+    pub running: u64,
+    /// Live records with a saved answer.
+    pub done: u64,
+    /// Records past their expiry that are still stored, waiting for the sweeper (always 0 on
+    /// Redis, which deletes them itself).
+    pub expired: u64,
+    /// The live running record claimed longest ago, if any.
+    pub oldest_running: Option<OldestRunning>,
+}
+
+/// The live running record claimed longest ago: see [`StoreStats::oldest_running`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OldestRunning {
+    /// Its key hash ([`KeyHash::to_hex`] is what logs and the admin tools show).
+    pub key: KeyHash,
+    /// How long ago it was first claimed (a takeover keeps the first claim's time).
+    pub age: Duration,
+}
+
+impl StoreStats {
+    /// Counts, with no oldest running record.
+    pub fn new(running: u64, done: u64, expired: u64) -> Self {
+        Self {
+            running,
+            done,
+            expired,
+            oldest_running: None,
+        }
+    }
+
+    /// The oldest running record: `key`, first claimed `age` ago.
+    pub fn with_oldest_running(mut self, key: KeyHash, age: Duration) -> Self {
+        self.oldest_running = Some(OldestRunning { key, age });
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

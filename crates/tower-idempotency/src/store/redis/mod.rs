@@ -24,6 +24,7 @@
 //! | `state` | `running` or `done` |
 //! | `lease_until` | end of the holder's lease, Unix milliseconds (server clock) |
 //! | `expires_at` | end of the record's retention, Unix milliseconds (server clock) |
+//! | `created_at` | the first claim, Unix milliseconds (server clock): for [`Store::stats`](crate::store::Store::stats) |
 //! | `status` | the saved status code, decimal (`done` only) |
 //! | `headers` | the saved headers as `name: value\n` lines (`done` only) |
 //! | `body` | the saved body, raw bytes (`done` only) |

@@ -13,7 +13,8 @@ use crate::{
     key::KeyHash,
     store::{
         time::{from_millis, to_millis},
-        Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoredResponse,
+        Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreStats,
+        StoredResponse,
     },
 };
 
@@ -320,5 +321,113 @@ impl Store for RedisStore {
                 "unexpected reply from the redis forget script",
             )),
         }
+    }
+
+    /// A `SCAN` over the prefix's records, their state read in pipelines of a thousand: it
+    /// visits every key of the server (`SCAN` does not filter before it reads), in steps that
+    /// do not block the server. Counts are as of each record's read, not one instant; a
+    /// record written before `created_at` was kept (an older version) is counted but cannot be
+    /// the oldest. Redis Cluster answers [`Unsupported`](crate::store::StoreErrorKind::Unsupported):
+    /// its keys are spread over nodes a single `SCAN` does not reach.
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        #[allow(irrefutable_let_patterns)]
+        let Connection::Single(conn) = &self.conn
+        else {
+            return Err(StoreError::unsupported("stats on Redis Cluster"));
+        };
+        let mut conn = conn.clone();
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        let now = secs * 1000 + micros / 1000;
+        let mut stats = StoreStats::default();
+        let mut oldest: Option<(String, u64)> = None;
+        let pattern = format!("{}:{{*}}", glob_escape(&self.prefix));
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(STATS_BATCH)
+                .query_async(&mut conn)
+                .await?;
+            cursor = next;
+            if keys.is_empty() {
+                // A step may find nothing (and an empty pipeline is an error).
+                if cursor == 0 {
+                    break;
+                }
+                continue;
+            }
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.cmd("HMGET")
+                    .arg(key)
+                    .arg("state")
+                    .arg("expires_at")
+                    .arg("created_at");
+            }
+            let fields: Vec<(Option<String>, Option<u64>, Option<u64>)> =
+                pipe.query_async(&mut conn).await?;
+            for (key, (state, expires_at, created_at)) in keys.into_iter().zip(fields) {
+                // Gone since the scan, or not a record (the prefix's other keys); or expired, in
+                // the millisecond before Redis deletes it itself: nothing for a sweep to do.
+                let Some(expires_at) = expires_at else {
+                    continue;
+                };
+                if expires_at <= now {
+                    continue;
+                }
+                match state.as_deref() {
+                    Some("done") => stats.done += 1,
+                    Some("running") => {
+                        stats.running += 1;
+                        if let Some(at) = created_at {
+                            if oldest.as_ref().is_none_or(|(_, first)| at < *first) {
+                                oldest = Some((key, at));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if cursor == 0 {
+                break;
+            }
+        }
+        let oldest = oldest.and_then(|(key, at)| Some((self.key_of(&key)?, at)));
+        Ok(match oldest {
+            Some((key, at)) => {
+                stats.with_oldest_running(key, Duration::from_millis(now.saturating_sub(at)))
+            }
+            None => stats,
+        })
+    }
+}
+
+/// Keys read per `SCAN` step and per pipeline by [`RedisStore::stats`].
+const STATS_BATCH: usize = 1000;
+
+/// `text` matched literally by a `SCAN MATCH` pattern.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+impl RedisStore {
+    /// The key hash of a record key (`{prefix}:{<key hex>}`), if it is one.
+    fn key_of(&self, record_key: &str) -> Option<KeyHash> {
+        KeyHash::from_hex(
+            record_key
+                .strip_prefix(&*self.prefix)?
+                .strip_prefix(":{")?
+                .strip_suffix('}')?,
+        )
     }
 }

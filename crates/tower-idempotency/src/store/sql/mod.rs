@@ -19,7 +19,7 @@ use crate::{
     key::KeyHash,
     store::{
         error::{StoreError, StoreErrorKind},
-        record::{Claim, ClaimOutcome, FencingToken, RecordInfo, StoredResponse},
+        record::{Claim, ClaimOutcome, FencingToken, RecordInfo, StoreStats, StoredResponse},
         time,
     },
 };
@@ -407,6 +407,25 @@ fn saved_response(
     };
     let status = u16::try_from(status).map_err(|e| StoreError::new(StoreErrorKind::Corrupt, e))?;
     StoredResponse::from_parts(status, &headers, Bytes::from(body))
+}
+
+/// The row of each SQL store's `STATS` query (running, done, expired, the oldest running
+/// record's key and age in milliseconds) as [`StoreStats`].
+fn stats_of(
+    (running, done, expired, key, age_ms): (i64, i64, i64, Option<Vec<u8>>, Option<i64>),
+) -> Result<StoreStats, StoreError> {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    let stats = StoreStats::new(count(running), count(done), count(expired));
+    Ok(match key {
+        None => stats,
+        Some(key) => stats.with_oldest_running(
+            KeyHash(
+                key.try_into()
+                    .map_err(|_| StoreError::corrupt("a stored key is not 32 bytes"))?,
+            ),
+            Duration::from_millis(count(age_ms.unwrap_or(0))),
+        ),
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,6 @@ end
 local exp = now + tonumber(ARGV[4])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'token', ARGV[2], 'state', 'running',
-  'lease_until', now + tonumber(ARGV[3]), 'expires_at', exp)
+  'lease_until', now + tonumber(ARGV[3]), 'expires_at', exp, 'created_at', now)
 redis.call('PEXPIREAT', KEYS[1], exp)
 return {'claimed', 0}

@@ -98,7 +98,9 @@ use crate::{
     key::KeyHash,
     store::{
         error::{StoreError, StoreErrorKind},
-        record::{Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoredResponse},
+        record::{
+            Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
+        },
         sql::{self, Waiters},
         Store, TransactionalStore,
     },
@@ -107,7 +109,7 @@ use crate::{
 pub(in crate::store) mod error;
 mod queries;
 
-use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, FORGET, GET, LIVE, RELEASE, RENEW, SWEEP};
+use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, FORGET, GET, LIVE, RELEASE, RENEW, STATS, SWEEP};
 
 /// The parameters and the claim row, as every SQL store binds and reads them.
 type Codec = sql::Codec<MySql>;
@@ -345,6 +347,13 @@ impl Store for MySqlStore {
             self.inner.waiters.wake(key);
         }
         Ok(forgot)
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let read = sqlx::query_as(STATS);
+        let pool = self.inner.pool.clone();
+        let row = detached(async move { read.fetch_one(&pool).await }).await?;
+        sql::stats_of(row)
     }
 }
 

@@ -140,6 +140,28 @@ WHERE r.`key` = ? AND r.expires_at > clock.now
 /// Operators' delete of one record, whatever its state (`Store::forget`). Binds 1 key.
 pub(super) const FORGET: &str = "DELETE FROM idempotency_records WHERE `key` = ?";
 
+/// Operators' counts by state and the oldest running record (`Store::stats`): one scan. Binds
+/// nothing.
+pub(super) const STATS: &str = concat!(
+    "
+WITH clock AS (SELECT ",
+    now_ms!(),
+    " AS now),
+oldest AS (
+    SELECT r.`key`, r.created_at FROM idempotency_records AS r, clock
+    WHERE r.state = 'running' AND r.expires_at > clock.now
+    ORDER BY r.created_at, r.`key`
+    LIMIT 1
+)
+SELECT COUNT(CASE WHEN r.state = 'running' AND r.expires_at > clock.now THEN 1 END),
+    COUNT(CASE WHEN r.state = 'done' AND r.expires_at > clock.now THEN 1 END),
+    COUNT(CASE WHEN r.expires_at <= clock.now THEN 1 END),
+    (SELECT `key` FROM oldest),
+    MAX(clock.now) - (SELECT created_at FROM oldest)
+FROM clock LEFT JOIN idempotency_records AS r ON TRUE
+"
+);
+
 /// Reads every column this version uses, and no row: fails when the table or a column is missing.
 pub(super) const CHECK_SCHEMA: &str = "SELECT `key`, fingerprint, token, state, status, headers, \
      body, created_at, lease_until, expires_at FROM idempotency_records WHERE FALSE";

@@ -97,7 +97,9 @@ use crate::{
     key::KeyHash,
     store::{
         error::{StoreError, StoreErrorKind},
-        record::{Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoredResponse},
+        record::{
+            Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
+        },
         sql::{
             self,
             batch::{BatchStats, Batcher, Batching, Counters},
@@ -114,7 +116,7 @@ mod queries;
 
 use batch::{Change, Claims, Write, WriteKind, Writes};
 use listener::ListenerState;
-use queries::{CHECK_SCHEMA, CLAIM_LOCKED, COMPLETE, FORGET, GET, NOTIFY, SWEEP};
+use queries::{CHECK_SCHEMA, CLAIM_LOCKED, COMPLETE, FORGET, GET, NOTIFY, STATS, SWEEP};
 
 /// The parameters and the claim row, as both SQL stores bind and read them.
 type Codec = sql::Codec<Postgres>;
@@ -390,6 +392,11 @@ impl Store for PostgresStore {
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
         Codec::forget(self.inner.pool.clone(), FORGET, *key).await
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let row = sqlx::query_as(STATS).fetch_one(&self.inner.pool).await?;
+        sql::stats_of(row)
     }
 }
 

@@ -181,3 +181,21 @@ WHERE key = $1 AND expires_at > now()
 
 /// Operators' delete of one record, whatever its state ([`Store::forget`]).
 pub(super) const FORGET: &str = "DELETE FROM idempotency_records WHERE key = $1";
+
+/// Operators' counts by state and the oldest running record (`Store::stats`): one scan.
+pub(super) const STATS: &str = r#"
+SELECT counts.running, counts.done, counts.expired, oldest.key,
+    (EXTRACT(EPOCH FROM (now() - oldest.created_at)) * 1000)::bigint
+FROM (
+    SELECT count(*) FILTER (WHERE state = 'running' AND expires_at > now()) AS running,
+        count(*) FILTER (WHERE state = 'done' AND expires_at > now()) AS done,
+        count(*) FILTER (WHERE expires_at <= now()) AS expired
+    FROM idempotency_records
+) AS counts
+LEFT JOIN (
+    SELECT key, created_at FROM idempotency_records
+    WHERE state = 'running' AND expires_at > now()
+    ORDER BY created_at, key
+    LIMIT 1
+) AS oldest ON true
+"#;

@@ -96,7 +96,9 @@ use crate::{
     key::KeyHash,
     store::{
         error::StoreError,
-        record::{Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoredResponse},
+        record::{
+            Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
+        },
         sql::{
             self,
             batch::{BatchStats, Batcher, Batching, Counters},
@@ -111,7 +113,7 @@ pub(in crate::store) mod error;
 mod queries;
 
 use batch::{Write, Writes, Written};
-use queries::{CHECK_SCHEMA, COMPLETE, FORGET, GET, LIVE, SWEEP};
+use queries::{CHECK_SCHEMA, COMPLETE, FORGET, GET, LIVE, STATS, SWEEP};
 
 /// The parameters and the claim row, as both SQL stores bind and read them.
 type Codec = sql::Codec<Sqlite>;
@@ -343,6 +345,11 @@ impl Store for SqliteStore {
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
         Codec::forget(self.inner.pool.clone(), FORGET, *key).await
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let row = sqlx::query_as(STATS).fetch_one(&self.inner.pool).await?;
+        sql::stats_of(row)
     }
 }
 

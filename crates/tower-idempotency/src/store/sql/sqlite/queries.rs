@@ -116,3 +116,20 @@ WHERE key = ?1 AND expires_at > CAST(round((julianday('now') - 2440587.5) * 8640
 
 /// Operators' delete of one record, whatever its state ([`Store::forget`]).
 pub(super) const FORGET: &str = "DELETE FROM idempotency_records WHERE key = ?1";
+
+/// Operators' counts by state and the oldest running record (`Store::stats`): one scan.
+pub(super) const STATS: &str = r#"
+WITH clock AS (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now),
+oldest AS (
+    SELECT r.key, r.created_at FROM idempotency_records AS r, clock
+    WHERE r.state = 'running' AND r.expires_at > clock.now
+    ORDER BY r.created_at, r.key
+    LIMIT 1
+)
+SELECT count(CASE WHEN r.state = 'running' AND r.expires_at > clock.now THEN 1 END),
+    count(CASE WHEN r.state = 'done' AND r.expires_at > clock.now THEN 1 END),
+    count(CASE WHEN r.expires_at <= clock.now THEN 1 END),
+    (SELECT key FROM oldest),
+    max(clock.now) - (SELECT created_at FROM oldest)
+FROM clock LEFT JOIN idempotency_records AS r ON 1
+"#;
