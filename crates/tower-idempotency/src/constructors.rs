@@ -110,7 +110,7 @@ impl Idempotency<crate::store::redis::RedisStore> {
 impl<St: crate::store::TransactionalStore> Idempotency<St> {
     /// Switch to transactional mode: the handler gets an [`IdempotencyTransaction`](crate::IdempotencyTransaction) and its writes
     /// commit together with the saved response. See the [module docs](crate::transaction).
-    pub fn transactional(self) -> Idempotency<St, crate::Transactional> {
+    pub fn transactional(self) -> Idempotency<St, crate::mode::Transactional> {
         self.into_mode()
     }
 }
@@ -122,7 +122,7 @@ impl Idempotency<crate::store::postgres::PostgresStore> {
     /// [module docs](crate::single_commit) for when to choose it.
     pub fn transactional_single_commit(
         self,
-    ) -> Idempotency<crate::store::postgres::PostgresStore, crate::single_commit::SingleCommit>
+    ) -> Idempotency<crate::store::postgres::PostgresStore, crate::mode::single_commit::SingleCommit>
     {
         self.into_mode()
     }

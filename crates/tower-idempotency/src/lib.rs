@@ -72,17 +72,9 @@ pub mod openapi;
 mod record;
 mod retry_after;
 mod service;
-#[cfg(feature = "postgres")]
-pub mod single_commit;
 pub mod store;
 pub mod sweeper;
 mod timeout;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
-)]
-pub mod transaction;
 
 pub use body::{RequestBody, ResponseBody};
 pub use config::{
@@ -93,6 +85,22 @@ pub use error::{Rejection, RejectionResponse};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyHash, Scope};
 pub use layer::{Idempotency, IdempotencyLayer};
+#[cfg(feature = "postgres")]
+pub use mode::single_commit;
+#[cfg(feature = "postgres")]
+pub use mode::single_commit::SingleCommit;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub use mode::transactional as transaction;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub use mode::transactional::{IdempotencyTransaction, Transactional};
 pub use mode::{Mode, Standard};
 pub use not_processed::NotProcessed;
 #[cfg(feature = "metrics")]
@@ -101,15 +109,7 @@ pub use observe::UNKNOWN_ROUTE;
 pub use record::{DefaultSavePolicy, SavePolicy, BODY_NOT_KEPT_HEADER, REPLAYED_HEADER};
 pub use retry_after::RetryAfter;
 pub use service::{IdempotencyService, ResponseFuture};
-#[cfg(feature = "postgres")]
-pub use single_commit::SingleCommit;
 pub use sweeper::Sweeper;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-#[cfg_attr(
-    docsrs,
-    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
-)]
-pub use transaction::{IdempotencyTransaction, Transactional};
 
 /// The error type of bodies the layer produces.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,8 +1,6 @@
 //! Recording a handler's response, and replaying it.
 
-use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-
-use crate::{body::ResponseBody, store::StoredResponse};
+use http::{header, HeaderMap, HeaderName, StatusCode};
 
 /// The header added to every replayed response by default (rename it with
 /// [`with_replay_header`](crate::Idempotency::with_replay_header)).
@@ -121,21 +119,6 @@ pub(crate) fn saved_headers(headers: &HeaderMap) -> HeaderMap {
     saved
 }
 
-/// The replay of a saved response: its status, headers, body and trailers, plus
-/// `{replay_header}: true` (`Idempotent-Replayed: true` by default).
-pub(crate) fn replay<B>(
-    saved: StoredResponse,
-    replay_header: &HeaderName,
-) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(ResponseBody::with_trailers(saved.body, saved.trailers));
-    *response.status_mut() = saved.status;
-    *response.headers_mut() = saved.headers;
-    response
-        .headers_mut()
-        .insert(replay_header.clone(), HeaderValue::from_static("true"));
-    response
-}
-
 /// `true` for every status except those that mean "not processed, try again":
 /// 408, 425, 429 and 503.
 pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
@@ -144,6 +127,8 @@ pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderValue;
+
     use super::*;
 
     #[test]

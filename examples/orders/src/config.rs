@@ -17,10 +17,14 @@ pub struct Config {
     /// How many `POST /orders` are handled at once, bodies included (`MAX_IN_FLIGHT_ORDERS`,
     /// default 64); more wait their turn without their bodies being read.
     pub max_in_flight_orders: usize,
+    /// Whether each order also writes an `order.created` event to the `outbox` table, in the
+    /// same transaction (`OUTBOX`, `true` or `false`, default `false`; PostgreSQL only).
+    pub outbox: bool,
 }
 
 impl Default for Config {
-    /// No payment latency, a 30 s lease, 24 h retention, 10 s to send a body, 64 orders at once.
+    /// No payment latency, a 30 s lease, 24 h retention, 10 s to send a body, 64 orders at once,
+    /// no outbox.
     fn default() -> Self {
         Self {
             payment_latency: Duration::ZERO,
@@ -28,6 +32,7 @@ impl Default for Config {
             ttl: tower_idempotency::DEFAULT_TTL,
             body_timeout: Duration::from_secs(10),
             max_in_flight_orders: 64,
+            outbox: false,
         }
     }
 }
@@ -70,6 +75,39 @@ pub struct Settings {
     pub config: Config,
     /// The server's timeouts and bounds.
     pub server: ServerConfig,
+    /// `ADMIN_TOKEN`: the bearer token of the operator routes under `/admin/idempotency`
+    /// ([`admin_routes`](crate::admin_routes)); unset (the default) leaves them unmounted.
+    pub admin_token: Option<AdminToken>,
+}
+
+/// The secret an operator sends as `Authorization: Bearer <token>` to the admin routes. Its
+/// `Debug` hides it, so the settings can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    /// A token of at least 16 characters (shorter ones are too easily guessed), else `None`.
+    pub fn new(token: impl Into<String>) -> Option<Self> {
+        let token = token.into();
+        (token.len() >= 16).then_some(Self(token))
+    }
+
+    /// Whether `presented` is the token, in a time that does not depend on where they differ.
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let expected = self.0.as_bytes();
+        expected.len() == presented.len()
+            && expected
+                .iter()
+                .zip(presented)
+                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+                == 0
+    }
+}
+
+impl fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminToken(..)")
+    }
 }
 
 /// The address served on when `BIND_ADDR` is not set.
@@ -148,7 +186,31 @@ impl Settings {
                 1,
                 "a whole number, at least 1, like 64",
             )?),
+            outbox: match get("OUTBOX")
+                .map(|v| v.trim().to_ascii_lowercase())
+                .as_deref()
+            {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(_) => {
+                    return Err(ConfigError::new(
+                        "OUTBOX",
+                        &get("OUTBOX").unwrap_or_default(),
+                        "true or false",
+                    ))
+                }
+            },
         };
+        let postgres = database_url
+            .as_deref()
+            .is_some_and(|url| url.starts_with("postgres://") || url.starts_with("postgresql://"));
+        if config.outbox && !postgres {
+            return Err(ConfigError::new(
+                "OUTBOX",
+                "true",
+                "false unless DATABASE_URL is a postgres://... URL (the outbox table is PostgreSQL's)",
+            ));
+        }
         let server_defaults = ServerConfig::default();
         let server = ServerConfig {
             header_read_timeout: Duration::from_millis(number(
@@ -170,11 +232,22 @@ impl Settings {
                 "a whole number of milliseconds, like 10000",
             )?),
         };
+        let admin_token = match get("ADMIN_TOKEN") {
+            None => None,
+            Some(v) => Some(AdminToken::new(v.trim()).ok_or_else(|| {
+                ConfigError::new(
+                    "ADMIN_TOKEN",
+                    "(hidden)",
+                    "a secret of at least 16 characters",
+                )
+            })?),
+        };
         Ok(Self {
             database_url,
             bind_addr,
             config,
             server,
+            admin_token,
         })
     }
 }
@@ -245,6 +318,20 @@ mod tests {
     }
 
     #[test]
+    fn the_admin_token_is_read_long_enough_and_never_shown() {
+        assert_eq!(settings(&[]).unwrap().admin_token, None);
+        let s = settings(&[("ADMIN_TOKEN", "0123456789abcdef")]).unwrap();
+        let token = s.admin_token.clone().expect("the token");
+        assert!(token.matches(b"0123456789abcdef"));
+        assert!(!token.matches(b"0123456789abcdeF"));
+        assert!(!token.matches(b"0123456789abcde"));
+        assert!(!format!("{s:?}").contains("0123456789abcdef"), "{s:?}");
+        let short = settings(&[("ADMIN_TOKEN", "short")]).unwrap_err();
+        assert_eq!(short.variable, "ADMIN_TOKEN");
+        assert!(!short.to_string().contains("short"), "{short}");
+    }
+
+    #[test]
     fn values_are_read() {
         let s = settings(&[
             ("DATABASE_URL", "postgres://postgres@127.0.0.1/test"),
@@ -254,6 +341,7 @@ mod tests {
             ("IDEMPOTENCY_TTL_SECS", "60"),
             ("BODY_TIMEOUT_MS", "2000"),
             ("MAX_IN_FLIGHT_ORDERS", "8"),
+            ("OUTBOX", "true"),
             ("HEADER_READ_TIMEOUT_MS", "1500"),
             ("MAX_CONNECTIONS", "100"),
             ("SHUTDOWN_GRACE_MS", "0"),
@@ -269,6 +357,7 @@ mod tests {
         assert_eq!(s.config.ttl, Duration::from_secs(60));
         assert_eq!(s.config.body_timeout, Duration::from_secs(2));
         assert_eq!(s.config.max_in_flight_orders, 8);
+        assert!(s.config.outbox);
         assert_eq!(
             s.server,
             ServerConfig {
@@ -291,10 +380,27 @@ mod tests {
             ("HEADER_READ_TIMEOUT_MS", "0"),
             ("BODY_TIMEOUT_MS", "ten"),
             ("DATABASE_URL", "oracle://x"),
+            ("OUTBOX", "yes"),
         ] {
             let err = settings(&[(name, value)]).unwrap_err();
             assert_eq!(err.variable, name);
             assert!(err.to_string().starts_with(name), "{err}");
         }
+    }
+
+    #[test]
+    fn the_outbox_needs_postgres() {
+        let err = settings(&[("OUTBOX", "true")]).unwrap_err();
+        assert_eq!(err.variable, "OUTBOX");
+        let err = settings(&[("OUTBOX", "true"), ("DATABASE_URL", "sqlite://o.db")]).unwrap_err();
+        assert_eq!(err.variable, "OUTBOX");
+        let pg = "postgres://postgres@127.0.0.1/test";
+        assert!(
+            settings(&[("OUTBOX", "TRUE"), ("DATABASE_URL", pg)])
+                .unwrap()
+                .config
+                .outbox
+        );
+        assert!(!settings(&[("OUTBOX", "false")]).unwrap().config.outbox);
     }
 }

@@ -11,10 +11,14 @@
 //! IDEMPOTENCY_TTL_SECS  86400   answers are replayed for this long
 //! BODY_TIMEOUT_MS       10000   408 for a POST /orders body slower than this
 //! MAX_IN_FLIGHT_ORDERS  64      POST /orders handled at once; more wait, bodies unread
+//! OUTBOX                false   true: each order also writes its order.created event to the
+//!                               outbox table, in the same transaction (PostgreSQL only)
 //! HEADER_READ_TIMEOUT_MS 10000  a request head (or the next one on an idle connection) must
 //!                               arrive within this, or the connection is closed
 //! MAX_CONNECTIONS       1024    connections served at once; more wait in the backlog
 //! SHUTDOWN_GRACE_MS     10000   after SIGTERM/SIGINT, running requests get this long
+//! ADMIN_TOKEN           (unset) serve the idempotency operator routes at /admin/idempotency
+//!                               to `Authorization: Bearer <ADMIN_TOKEN>` (16 characters or more)
 //! RUST_LOG              info
 //! LOG_FORMAT            text    `json`: one JSON object per line, with the span fields
 //!                               (http.route, idempotency.key_hash, outcome, request_id)
@@ -80,7 +84,10 @@ async fn run() -> Result<(), String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
-    let app = orders_api::app(db.clone(), settings.config);
+    let mut app = orders_api::app(db.clone(), settings.config);
+    if let Some(token) = settings.admin_token.clone() {
+        app = app.merge(orders_api::admin_routes(&db, token));
+    }
     tracing::info!(database = db.kind(), config = ?settings.config, "orders API ready");
     // Tests and scripts wait for this exact line on stdout.
     println!("listening on http://{addr}");

@@ -4,7 +4,7 @@ use std::convert::Infallible;
 
 use tokio::time::Instant;
 
-use super::ClaimedRun;
+use super::run::Lease;
 use crate::{
     observe::{self, Outcome},
     store::{Fenced, Store},
@@ -12,7 +12,7 @@ use crate::{
 };
 
 /// Renew the lease every third of it, forever; the caller drops this when the work ends.
-pub(super) async fn renew_forever<St: Store>(run: &ClaimedRun<St>) -> Infallible {
+pub(super) async fn renew_forever<St: Store>(run: &Lease<St>) -> Infallible {
     let period = run.config.heartbeat();
     let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

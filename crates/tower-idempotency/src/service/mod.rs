@@ -1,87 +1,48 @@
-//! The [`IdempotencyService`]: the request flow of the layer, in the order of the crate docs
-//! ("What happens to a request"). A covered request is prepared (key, body, fingerprint:
-//! [`prepare`]), its key claimed ([`claim`]), and the claim's outcome answered ([`respond`]):
-//! the handler runs as a [`ClaimedRun`] when the key is ours, or the layer answers 409, 422 or
-//! the saved response.
+//! The [`IdempotencyService`]: the `Service` impl and its dispatch. A covered method goes
+//! through the request flow (`flow.rs`, which reads top to bottom in the order of the crate
+//! docs); any other request is passed through.
+//!
+//! One file per step of the flow: `prepare.rs` (key, body, fingerprint), `claim.rs` (the
+//! claim, or in wait mode the claims), `run.rs` (the handler under its heartbeat), `save.rs`
+//! (its answer saved, or the key released), `replay.rs` (a saved answer), `refuse.rs` (the
+//! answers the layer makes itself). The general-purpose parts have their own: `future.rs`,
+//! `finish_on_drop.rs`, `heartbeat.rs`.
 
 use std::{
     fmt,
     marker::PhantomData,
     sync::Arc,
     task::{Context, Poll},
-    time::Duration,
 };
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use tokio::time::Instant;
 use tower_service::Service;
-use tracing::Instrument;
 
 use crate::{
-    body::ResponseBody,
-    config::{Config, WAIT_POLL_INTERVAL},
-    error::Rejection,
-    fingerprint::Fingerprint,
-    key::KeyHash,
+    body::{RequestBody, ResponseBody},
+    config::Config,
     mode::{Mode, Standard},
-    observe::{self, Outcome, RequestRecord},
-    record,
-    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind},
-    timeout::bounded,
-    BoxError, RequestBody,
+    store::Store,
+    BoxError,
 };
 
-mod claimed;
+mod claim;
 mod finish_on_drop;
+mod flow;
 mod future;
 mod heartbeat;
 mod prepare;
+mod refuse;
+mod replay;
+mod run;
+mod save;
+#[cfg(test)]
+mod tests;
 
-use claimed::ClaimedRun;
-use finish_on_drop::FinishOnDrop;
 use future::BoxFuture;
 pub use future::ResponseFuture;
-use prepare::{prepare, read_key, Prepared};
-
-/// Claims tried when the store reports a conflict (serialization failure, deadlock) before
-/// answering 503.
-const CLAIM_TRIES: u32 = 3;
-
-/// The inner services the guarded flow calls: sent to the runtime when a client disconnects, so
-/// they, their futures and their errors must be `Send + 'static`.
-trait Inner<ReqBody, ResBody>:
-    Service<
-        Request<RequestBody<ReqBody>>,
-        Response = Response<ResBody>,
-        Future: Send + 'static,
-        Error: Send + 'static,
-    > + Send
-    + 'static
-{
-}
-
-impl<T, ReqBody, ResBody> Inner<ReqBody, ResBody> for T where
-    T: Service<
-            Request<RequestBody<ReqBody>>,
-            Response = Response<ResBody>,
-            Future: Send + 'static,
-            Error: Send + 'static,
-        > + Send
-        + 'static
-{
-}
-
-/// Request bodies the layer buffers before the claim.
-trait GuardedBody: Body<Data: Send, Error: Into<BoxError>> + Send + 'static {}
-
-impl<B> GuardedBody for B where B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static {}
-
-/// Response bodies the layer collects and records.
-trait RecordedBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
-
-impl<B> RecordedBody for B where B: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
 
 /// The middleware produced by [`Idempotency`](crate::Idempotency). See the crate docs for the request flow.
 pub struct IdempotencyService<S, St, M = Standard> {
@@ -168,6 +129,67 @@ impl<S: fmt::Debug, St: fmt::Debug, M> fmt::Debug for IdempotencyService<S, St, 
     }
 }
 
+/// The types one guarded request runs with, as one bundle: the flow's functions take `F: Flow`
+/// and name `F::Store`, `F::Mode`, `F::Inner` and the bodies, so the bounds are written here
+/// once. The guarded flow is sent to the runtime when a client disconnects, so everything in it
+/// is `Send + 'static`.
+trait Flow: 'static {
+    /// The wrapped service.
+    type Inner: Service<
+            Request<RequestBody<Self::ReqBody>>,
+            Response = Response<Self::ResBody>,
+            Error = Self::Error,
+            Future: Send + 'static,
+        > + Send
+        + 'static;
+    /// The wrapped service's error, which the layer returns unchanged.
+    type Error: Send + 'static;
+    /// Where keys are claimed and answers saved.
+    type Store: Store;
+    /// How a claimed run's answer is recorded.
+    type Mode: Mode<Self::Store>;
+    /// The request body, buffered before the claim.
+    type ReqBody: Body<Data: Send, Error: Into<BoxError>> + Send + 'static;
+    /// The handler's response body, collected and recorded.
+    type ResBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static;
+}
+
+/// The [`Flow`] of an `IdempotencyService<S, St, M>` over `Request<ReqBody>`; a type only, never
+/// a value.
+struct Bundle<S, St, M, ReqBody, ResBody>(PhantomData<Types<S, St, M, ReqBody, ResBody>>);
+
+/// The types a [`Bundle`] carries.
+type Types<S, St, M, ReqBody, ResBody> = fn() -> (S, St, M, ReqBody, ResBody);
+
+impl<S, St, M, ReqBody, ResBody> Flow for Bundle<S, St, M, ReqBody, ResBody>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    M: Mode<St>,
+    ReqBody: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
+    ResBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static,
+{
+    type Inner = S;
+    type Error = S::Error;
+    type Store = St;
+    type Mode = M;
+    type ReqBody = ReqBody;
+    type ResBody = ResBody;
+}
+
+/// What a flow answers: the response, or the inner service's error.
+type Answer<F> = Result<Response<ResponseBody<<F as Flow>::ResBody>>, <F as Flow>::Error>;
+
+/// What every request of one flow shares.
+type SharedOf<F> = Shared<<F as Flow>::Store, <F as Flow>::Mode>;
+
+/// The run state of the flow's mode.
+type RunState<F> = <<F as Flow>::Mode as Mode<<F as Flow>::Store>>::RunState;
+
+// The public contract: the same bounds as `Bundle`'s, written out for users (a private trait in
+// a public bound would hide them from the docs and error messages).
 impl<S, St, M, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, St, M>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>
@@ -200,7 +222,9 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         let inner = if layer.config.covers(req.method()) {
-            Box::pin(handle(inner, layer, req)) as BoxFuture<_>
+            Box::pin(flow::handle::<Bundle<S, St, M, ReqBody, ResBody>>(
+                inner, layer, req,
+            )) as BoxFuture<_>
         } else {
             Box::pin(pass_through(inner, req.map(RequestBody::new)))
         };
@@ -208,6 +232,7 @@ where
     }
 }
 
+/// The request to the handler as it came, the answer as it goes.
 async fn pass_through<S, ReqBody, ResBody>(
     mut inner: S,
     req: Request<RequestBody<ReqBody>>,
@@ -216,978 +241,4 @@ where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
 {
     Ok(inner.call(req).await?.map(ResponseBody::inner))
-}
-
-fn reject<B>(config: &Config, rejection: Rejection) -> Response<ResponseBody<B>> {
-    crate::error::render(
-        &config.problem_type_base,
-        config.rejection_response.as_deref(),
-        rejection,
-    )
-    .map(ResponseBody::from_full)
-}
-
-/// A covered request, inside its span; its final outcome is counted when the record drops.
-async fn handle<S, St, M, ReqBody, ResBody>(
-    inner: S,
-    layer: Shared<St, M>,
-    req: Request<ReqBody>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Inner<ReqBody, ResBody>,
-    St: Store,
-    M: Mode<St>,
-    ReqBody: GuardedBody,
-    ResBody: RecordedBody,
-{
-    let record = RequestRecord::new(req.method(), req.uri().path(), observe::route_of(&req));
-    let span = record.span().clone();
-    let result = guard(inner, layer, req, record.clone())
-        .instrument(span)
-        .await;
-    if let Ok(response) = &result {
-        record.status(response.status());
-    }
-    result
-}
-
-/// The request flow for a covered method (the order of the crate docs): prepare the request
-/// (key, body, fingerprint), claim the key, respond to the claim's outcome.
-async fn guard<S, St, M, ReqBody, ResBody>(
-    inner: S,
-    layer: Shared<St, M>,
-    req: Request<ReqBody>,
-    record: Arc<RequestRecord>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Inner<ReqBody, ResBody>,
-    St: Store,
-    M: Mode<St>,
-    ReqBody: GuardedBody,
-    ResBody: RecordedBody,
-{
-    let (parts, body) = req.into_parts();
-    let key = match read_key(&layer.config, &parts.headers) {
-        Ok(Some(key)) => key,
-        Ok(None) => {
-            record.finish(
-                Outcome::NoKey,
-                &"no idempotency key: passed through unguarded",
-            );
-            return pass_through(inner, Request::from_parts(parts, RequestBody::new(body))).await;
-        }
-        Err(refusal) => return Ok(refusal.answer(&layer.config, &record)),
-    };
-    let prepared = match prepare(&layer.config, parts, body, key).await {
-        Ok(prepared) => prepared,
-        Err(refusal) => return Ok(refusal.answer(&layer.config, &record)),
-    };
-    record.key(&prepared.key_hash);
-
-    let token = FencingToken::new();
-    let outcome = claim(&layer, prepared.key_hash, prepared.fingerprint, token).await;
-    respond(inner, layer, prepared, token, outcome, record).await
-}
-
-/// The answer to each outcome of the claim: run the handler (claimed), 409 (in flight), 422
-/// (mismatch), the saved answer (done); on a store error, 503 or, fail-open, the handler.
-async fn respond<S, St, M, ReqBody, ResBody>(
-    inner: S,
-    layer: Shared<St, M>,
-    prepared: Prepared,
-    token: FencingToken,
-    outcome: Result<(ClaimOutcome, Option<M::RunState>), StoreError>,
-    record: Arc<RequestRecord>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Inner<ReqBody, ResBody>,
-    St: Store,
-    M: Mode<St>,
-    ReqBody: GuardedBody,
-    ResBody: RecordedBody,
-{
-    match outcome {
-        Ok((ClaimOutcome::Claimed { taken_over }, claimed)) => {
-            let claim = ClaimedKey {
-                token,
-                taken_over,
-                claimed,
-            };
-            run_claimed(inner, layer, prepared, claim, record).await
-        }
-        Ok((ClaimOutcome::InFlight { lease_remaining }, _)) => {
-            record.finish(
-                Outcome::InFlight,
-                &"the first attempt is still running: 409",
-            );
-            let retry_after = layer.config.durations.retry_after(
-                layer.config.retry_after,
-                &prepared.key_hash,
-                prepared.parts.uri.path(),
-                lease_remaining,
-            );
-            Ok(reject(&layer.config, Rejection::InFlight { retry_after }))
-        }
-        Ok((ClaimOutcome::Mismatch, _)) => {
-            record.finish(
-                Outcome::Mismatch,
-                &"the key was first used for a different request: 422",
-            );
-            Ok(reject(&layer.config, Rejection::KeyReused))
-        }
-        Ok((ClaimOutcome::Done(saved), _)) => {
-            record.finish(Outcome::Replayed, &"replaying the saved answer");
-            Ok(record::replay(saved, &layer.config.replay_header))
-        }
-        Err(err) => store_failed(inner, &layer.config, prepared, &err, &record).await,
-    }
-}
-
-/// The store could not claim: 503 or 500 (fail closed), or with fail-open the handler without a
-/// claim.
-async fn store_failed<S, ReqBody, ResBody>(
-    inner: S,
-    config: &Config,
-    prepared: Prepared,
-    err: &StoreError,
-    record: &RequestRecord,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
-{
-    if !config.fail_open {
-        let rejection = Rejection::for_store_error(err);
-        record.finish(
-            Outcome::StoreError,
-            &format_args!(
-                "store failed: {}; answering {}",
-                observe::Chain(err),
-                rejection.status().as_u16()
-            ),
-        );
-        return Ok(reject(config, rejection));
-    }
-    record.finish(
-        Outcome::FailOpen,
-        &format_args!(
-            "store failed ({}); calling the handler without idempotency (fail-open)",
-            observe::Chain(err)
-        ),
-    );
-    let Prepared { parts, bytes, .. } = prepared;
-    pass_through(
-        inner,
-        Request::from_parts(parts, RequestBody::buffered(bytes)),
-    )
-    .await
-}
-
-/// A successful claim: its token, whether it took a lapsed lease over, and the mode's state
-/// when the mode claims inside its own transaction.
-struct ClaimedKey<A> {
-    token: FencingToken,
-    taken_over: bool,
-    claimed: Option<A>,
-}
-
-/// The key is ours: hand the request to the handler as a [`ClaimedRun`], which a client
-/// disconnect does not stop.
-async fn run_claimed<S, St, M, ReqBody, ResBody>(
-    inner: S,
-    layer: Shared<St, M>,
-    prepared: Prepared,
-    claim: ClaimedKey<M::RunState>,
-    record: Arc<RequestRecord>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Inner<ReqBody, ResBody>,
-    St: Store,
-    M: Mode<St>,
-    ReqBody: Body + Send + 'static,
-    ResBody: RecordedBody,
-{
-    let ClaimedKey {
-        token,
-        taken_over,
-        claimed,
-    } = claim;
-    if taken_over {
-        observe::record(
-            Outcome::TakenOver,
-            &"a lapsed lease was taken over; the handler runs again",
-        );
-        observe::taken_over(record.route());
-    } else {
-        observe::record(Outcome::Claimed, &"key claimed; the handler runs");
-    }
-    let Prepared {
-        mut parts,
-        bytes,
-        key,
-        key_hash,
-        ..
-    } = prepared;
-    let path = parts.uri.path().to_owned();
-    parts.extensions.insert(key);
-    let run_state = M::begin_run(&layer.store, &mut parts.extensions, claimed);
-    let req = Request::from_parts(parts, RequestBody::buffered(bytes));
-    let run = ClaimedRun {
-        store: layer.store.clone(),
-        config: layer.config.clone(),
-        key: key_hash,
-        token,
-        path,
-        leased: M::LEASED,
-        record,
-    };
-    // If the client disconnects and this future is dropped, the run is handed to the runtime:
-    // the handler runs to the end and its answer is recorded.
-    FinishOnDrop::new(
-        run.execute::<S, M, RequestBody<ReqBody>, ResBody>(inner, req, run_state)
-            .in_current_span(),
-    )
-    .await
-}
-
-/// Claim once, or in wait mode keep claiming while the first attempt runs, up to the bound.
-async fn claim<St: Store, M: Mode<St>>(
-    layer: &Shared<St, M>,
-    key: KeyHash,
-    fingerprint: Fingerprint,
-    token: FencingToken,
-) -> Result<(ClaimOutcome, Option<M::RunState>), StoreError> {
-    let config = &layer.config;
-    let claim = Claim::new(key, fingerprint, token, config.lease, config.ttl);
-    let deadline = config.wait.map(|wait| Instant::now() + wait);
-    let mut waited = false;
-    let mut conflicts = 0;
-    loop {
-        let claimed = bounded(
-            "the claim",
-            config.store_timeout,
-            M::claim(&layer.store, &claim),
-        );
-        let (outcome, claimed) = match observe::timed(layer.store.name(), "claim", claimed).await {
-            // Nothing was written: the same claim again is expected to go through.
-            Err(err) if err.kind() == StoreErrorKind::Conflict && conflicts + 1 < CLAIM_TRIES => {
-                conflicts += 1;
-                tracing::debug!(target: "tower_idempotency", error = %observe::Chain(&err), conflicts, "the claim conflicted with a concurrent one; claiming again");
-                tokio::time::sleep(Duration::from_millis(5 << conflicts)).await;
-                continue;
-            }
-            Ok(outcome) => outcome,
-            Err(err) => {
-                release_in_background(layer, key, token);
-                return Err(err);
-            }
-        };
-        let now = Instant::now();
-        match (outcome, deadline) {
-            (ClaimOutcome::InFlight { lease_remaining }, Some(deadline)) if now < deadline => {
-                drop(claimed);
-                waited = true;
-                let pause = (deadline - now)
-                    .min(lease_remaining)
-                    .min(WAIT_POLL_INTERVAL);
-                M::wait(&layer.store, &key, pause).await;
-            }
-            (outcome, _) => {
-                if waited {
-                    observe::record(Outcome::Waited, &"waited for the first attempt");
-                }
-                return Ok((outcome, claimed));
-            }
-        }
-    }
-}
-
-/// After a failed claim (a timeout, a cut connection), the claim may still have landed: release it,
-/// fenced by our token so nothing else is touched, so that a retry need not wait for the lease to
-/// lapse. In the background, because the client's 503 should not wait for a store in trouble.
-fn release_in_background<St: Store, M>(layer: &Shared<St, M>, key: KeyHash, token: FencingToken) {
-    let store = layer.store.clone();
-    let limit = layer.config.store_timeout;
-    tokio::spawn(
-        async move {
-            match bounded("the release", limit, store.release(&key, token)).await {
-                Ok(Fenced::Applied) => observe::record(
-                    Outcome::Released,
-                    &"the failed claim had landed after all: key released",
-                ),
-                Ok(Fenced::Lost) => {}
-                Err(err) => observe::record(
-                    Outcome::StoreError,
-                    &format_args!(
-                        "releasing after a failed claim failed: {}; if the claim landed, the key frees when the lease lapses",
-                        observe::Chain(&err)
-                    ),
-                ),
-            }
-        }
-        .in_current_span(),
-    );
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use std::pin::Pin;
-
-    use http::StatusCode;
-    use http_body_util::{BodyExt, Full};
-    use tower::ServiceExt;
-
-    use super::*;
-    use crate::{not_processed::NotProcessed, store::MemoryStore, Idempotency};
-
-    impl<S, St, M> IdempotencyService<S, St, M> {
-        fn from_layer(inner: S, layer: Idempotency<St, M>) -> Self {
-            Self::from_parts(inner, layer.store.clone(), layer.config.clone())
-        }
-    }
-
-    fn counting_service(
-        count: Arc<AtomicUsize>,
-        status: StatusCode,
-    ) -> impl Service<
-        Request<RequestBody<Full<Bytes>>>,
-        Response = Response<Full<Bytes>>,
-        Error = std::convert::Infallible,
-        Future = impl Send,
-    > + Clone {
-        tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
-            let n = count.fetch_add(1, Ordering::SeqCst) + 1;
-            async move {
-                let mut response = Response::new(Full::new(Bytes::from(format!("run {n}"))));
-                *response.status_mut() = status;
-                Ok(response)
-            }
-        })
-    }
-
-    fn post(key: &str, body: &'static str) -> Request<Full<Bytes>> {
-        Request::post("/orders")
-            .header("idempotency-key", key)
-            .body(Full::new(Bytes::from_static(body.as_bytes())))
-            .unwrap()
-    }
-
-    async fn body_of<B: Body<Data = Bytes>>(response: Response<B>) -> Bytes
-    where
-        B::Error: fmt::Debug,
-    {
-        response.into_body().collect().await.unwrap().to_bytes()
-    }
-
-    #[tokio::test]
-    async fn a_retry_replays_instead_of_running_again() {
-        let count = Arc::new(AtomicUsize::new(0));
-        let service = IdempotencyService::new(
-            counting_service(count.clone(), StatusCode::CREATED),
-            MemoryStore::new(),
-        );
-        let first = service.clone().oneshot(post("k", "a")).await.unwrap();
-        assert_eq!(first.status(), StatusCode::CREATED);
-        assert!(first.headers().get(&crate::REPLAYED_HEADER).is_none());
-        assert_eq!(body_of(first).await, "run 1");
-
-        let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
-        assert_eq!(retry.status(), StatusCode::CREATED);
-        assert_eq!(retry.headers()[&crate::REPLAYED_HEADER], "true");
-        assert_eq!(body_of(retry).await, "run 1");
-
-        let reused = service.clone().oneshot(post("k", "b")).await.unwrap();
-        assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
-        assert_eq!(count.load(Ordering::SeqCst), 1);
-    }
-
-    #[tokio::test]
-    async fn try_again_statuses_release_the_key() {
-        let count = Arc::new(AtomicUsize::new(0));
-        let service = IdempotencyService::new(
-            counting_service(count.clone(), StatusCode::TOO_MANY_REQUESTS),
-            MemoryStore::new(),
-        );
-        for _ in 0..2 {
-            let response = service.clone().oneshot(post("k", "a")).await.unwrap();
-            assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-        }
-        assert_eq!(count.load(Ordering::SeqCst), 2);
-    }
-
-    #[tokio::test]
-    async fn a_not_processed_answer_releases_the_key() {
-        let count = Arc::new(AtomicUsize::new(0));
-        let handler = {
-            let count = count.clone();
-            tower::service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
-                let count = count.clone();
-                async move {
-                    count.fetch_add(1, Ordering::SeqCst);
-                    let body = req.into_body().collect().await.unwrap().to_bytes();
-                    let mut response = Response::new(Full::new(body.clone()));
-                    if body == "bad" {
-                        *response.status_mut() = StatusCode::BAD_REQUEST;
-                        response.extensions_mut().insert(NotProcessed);
-                    } else {
-                        *response.status_mut() = StatusCode::CREATED;
-                    }
-                    Ok::<_, std::convert::Infallible>(response)
-                }
-            })
-        };
-        let service = IdempotencyService::new(handler, MemoryStore::new());
-        let refused = service.clone().oneshot(post("k", "bad")).await.unwrap();
-        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
-        // The corrected body with the same key runs (no 422), and is then saved as usual.
-        let fixed = service.clone().oneshot(post("k", "good")).await.unwrap();
-        assert_eq!(fixed.status(), StatusCode::CREATED);
-        let retry = service.clone().oneshot(post("k", "good")).await.unwrap();
-        assert_eq!(retry.headers()[&crate::REPLAYED_HEADER], "true");
-        assert_eq!(count.load(Ordering::SeqCst), 2);
-    }
-
-    /// A request body that sends its first bytes, then stalls for ever (a slow client).
-    struct StallingBody {
-        first: Option<Bytes>,
-        stalls: bool,
-    }
-
-    impl Body for StallingBody {
-        type Data = Bytes;
-        type Error = std::convert::Infallible;
-
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _: &mut Context<'_>,
-        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-            match self.first.take() {
-                Some(bytes) => Poll::Ready(Some(Ok(http_body::Frame::data(bytes)))),
-                None if self.stalls => Poll::Pending,
-                None => Poll::Ready(None),
-            }
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_body_slower_than_the_timeout_gets_408_and_claims_nothing() {
-        let count = Arc::new(AtomicUsize::new(0));
-        let handler = {
-            let count = count.clone();
-            tower::service_fn(move |_req: Request<RequestBody<StallingBody>>| {
-                count.fetch_add(1, Ordering::SeqCst);
-                async { Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new()))) }
-            })
-        };
-        let layer = Idempotency::new(MemoryStore::new()).with_body_timeout(Duration::from_secs(5));
-        let store = layer.store().clone();
-        let service = IdempotencyService::from_layer(handler, layer);
-        let req = Request::post("/orders")
-            .header("idempotency-key", "k")
-            .body(StallingBody {
-                first: Some(Bytes::from_static(b"{\"a\":")),
-                stalls: true,
-            })
-            .unwrap();
-        let started = Instant::now();
-        let response = service.clone().oneshot(req).await.unwrap();
-        assert_eq!(started.elapsed(), Duration::from_secs(5));
-        assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
-        assert_eq!(
-            response.headers()[http::header::CONTENT_TYPE],
-            "application/problem+json"
-        );
-        assert!(store.is_empty(), "nothing was claimed");
-        assert_eq!(count.load(Ordering::SeqCst), 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn retry_after_of_a_duplicate_estimates_the_time_left() {
-        let handler = tower::service_fn(|_req: Request<RequestBody<Full<Bytes>>>| async {
-            tokio::time::sleep(Duration::from_secs(4)).await;
-            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
-        });
-        let service = IdempotencyService::from_layer(handler, Idempotency::new(MemoryStore::new()));
-        // Teach the estimate: a few attempts of 4 s each.
-        for i in 0..20 {
-            service
-                .clone()
-                .oneshot(post(&format!("warm{i}"), ""))
-                .await
-                .unwrap();
-        }
-        let first = tokio::spawn(service.clone().oneshot(post("k", "")));
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        let duplicate = service.clone().oneshot(post("k", "")).await.unwrap();
-        assert_eq!(duplicate.status(), StatusCode::CONFLICT);
-        // About 2.5 s left of a 4 s attempt, not the 30 s lease.
-        assert_eq!(duplicate.headers()[http::header::RETRY_AFTER], "3");
-        first.await.unwrap().unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_full_memory_store_answers_503_store_full() {
-        let count = Arc::new(AtomicUsize::new(0));
-        let service = IdempotencyService::new(
-            counting_service(count.clone(), StatusCode::CREATED),
-            MemoryStore::with_capacity(16),
-        );
-        let mut full = None;
-        for i in 0..200 {
-            let response = service
-                .clone()
-                .oneshot(post(&format!("k{i}"), ""))
-                .await
-                .unwrap();
-            if response.status() == StatusCode::SERVICE_UNAVAILABLE {
-                full = Some(response);
-                break;
-            }
-        }
-        let full = full.expect("a store of 16 records fills up");
-        assert!(full.headers().contains_key(http::header::RETRY_AFTER));
-        let json: serde_json::Value = serde_json::from_slice(&body_of(full).await).unwrap();
-        assert_eq!(json["title"], "Idempotency store full");
-        assert!(count.load(Ordering::SeqCst) <= 16);
-    }
-
-    #[tokio::test]
-    async fn uncovered_methods_pass_through_without_a_key() {
-        let count = Arc::new(AtomicUsize::new(0));
-        let service = IdempotencyService::new(
-            counting_service(count.clone(), StatusCode::OK),
-            MemoryStore::new(),
-        );
-        let get = Request::get("/orders")
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        assert_eq!(service.oneshot(get).await.unwrap().status(), StatusCode::OK);
-        assert_eq!(count.load(Ordering::SeqCst), 1);
-    }
-
-    /// A recorder that keeps every counter and the sample count of every histogram, by key and
-    /// labels.
-    #[cfg(feature = "metrics")]
-    #[derive(Default)]
-    struct Recorded(std::sync::Mutex<std::collections::BTreeMap<String, Arc<Samples>>>);
-
-    #[cfg(feature = "metrics")]
-    #[derive(Default)]
-    struct Samples(std::sync::atomic::AtomicU64);
-
-    #[cfg(feature = "metrics")]
-    impl metrics::CounterFn for Samples {
-        fn increment(&self, value: u64) {
-            self.0.fetch_add(value, Ordering::SeqCst);
-        }
-        fn absolute(&self, value: u64) {
-            self.0.store(value, Ordering::SeqCst);
-        }
-    }
-
-    #[cfg(feature = "metrics")]
-    impl metrics::HistogramFn for Samples {
-        fn record(&self, _: f64) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    #[cfg(feature = "metrics")]
-    impl Recorded {
-        fn samples(&self, key: &metrics::Key) -> Arc<Samples> {
-            let labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            let name = format!("{}{{{}}}", key.name(), labels.join(","));
-            self.0.lock().unwrap().entry(name).or_default().clone()
-        }
-
-        fn get(&self, name: &str) -> u64 {
-            self.0
-                .lock()
-                .unwrap()
-                .get(name)
-                .map_or(0, |s| s.0.load(Ordering::SeqCst))
-        }
-
-        fn sum(&self, prefix: &str) -> u64 {
-            self.0
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|(k, _)| k.starts_with(prefix))
-                .map(|(_, s)| s.0.load(Ordering::SeqCst))
-                .sum()
-        }
-    }
-
-    #[cfg(feature = "metrics")]
-    impl metrics::Recorder for Recorded {
-        fn describe_counter(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn describe_gauge(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn describe_histogram(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn register_counter(
-            &self,
-            key: &metrics::Key,
-            _: &metrics::Metadata<'_>,
-        ) -> metrics::Counter {
-            metrics::Counter::from_arc(self.samples(key))
-        }
-        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-            metrics::Gauge::noop()
-        }
-        fn register_histogram(
-            &self,
-            key: &metrics::Key,
-            _: &metrics::Metadata<'_>,
-        ) -> metrics::Histogram {
-            metrics::Histogram::from_arc(self.samples(key))
-        }
-    }
-
-    #[cfg(feature = "metrics")]
-    #[test]
-    fn every_guarded_request_counts_exactly_one_final_outcome() {
-        let recorded = Recorded::default();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        metrics::with_local_recorder(&recorded, || {
-            runtime.block_on(async {
-                let created = IdempotencyService::new(
-                    counting_service(Arc::new(AtomicUsize::new(0)), StatusCode::CREATED),
-                    MemoryStore::new(),
-                );
-                let limited = IdempotencyService::new(
-                    counting_service(Arc::new(AtomicUsize::new(0)), StatusCode::TOO_MANY_REQUESTS),
-                    MemoryStore::new(),
-                );
-                created.clone().oneshot(post("k", "a")).await.unwrap();
-                created.clone().oneshot(post("k", "a")).await.unwrap();
-                created.clone().oneshot(post("k", "b")).await.unwrap();
-                let no_key = Request::post("/orders")
-                    .body(Full::new(Bytes::new()))
-                    .unwrap();
-                created.clone().oneshot(no_key).await.unwrap();
-                limited.clone().oneshot(post("k", "a")).await.unwrap();
-                // Not a covered method: not a guarded request, not counted.
-                let get = Request::get("/orders")
-                    .body(Full::new(Bytes::new()))
-                    .unwrap();
-                created.clone().oneshot(get).await.unwrap();
-            })
-        });
-        let total = "idempotency_requests_total{outcome=";
-        // No router matched these requests: the route is unknown, never the raw path.
-        let route = "http.route=unknown";
-        assert_eq!(recorded.get(&format!("{total}saved,{route}}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}replayed,{route}}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}mismatch,{route}}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}rejected,{route}}}")), 1);
-        assert_eq!(recorded.get(&format!("{total}released,{route}}}")), 1);
-        assert_eq!(
-            recorded.sum(total),
-            5,
-            "one final outcome per guarded request"
-        );
-        assert_eq!(
-            recorded.get("idempotency_store_duration_seconds{op=claim,store=memory}"),
-            4
-        );
-        assert_eq!(
-            recorded.get("idempotency_store_duration_seconds{op=complete,store=memory}"),
-            1
-        );
-        assert_eq!(
-            recorded.get("idempotency_store_duration_seconds{op=release,store=memory}"),
-            1
-        );
-    }
-
-    /// The user's error contract: a `type` base of their own, their own envelope, their own
-    /// replay header; and the defaults unchanged without them.
-    mod contract {
-        use tower_layer::Layer;
-
-        use super::*;
-
-        async fn json_of<B: Body<Data = Bytes>>(response: Response<B>) -> serde_json::Value
-        where
-            B::Error: fmt::Debug,
-        {
-            serde_json::from_slice(&body_of(response).await).unwrap()
-        }
-
-        #[tokio::test]
-        async fn the_problem_type_base_is_the_users() {
-            let count = Arc::new(AtomicUsize::new(0));
-            let service = Idempotency::memory()
-                .with_problem_type_base("https://api.example.com/problems#")
-                .layer(counting_service(count.clone(), StatusCode::CREATED));
-            let missing = Request::post("/orders").body(Full::default()).unwrap();
-            let response = service.clone().oneshot(missing).await.unwrap();
-            assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-            let problem = json_of(response).await;
-            assert_eq!(
-                problem["type"],
-                "https://api.example.com/problems#MissingKey"
-            );
-
-            let default = Idempotency::memory().layer(counting_service(count, StatusCode::CREATED));
-            let missing = Request::post("/orders").body(Full::default()).unwrap();
-            let problem = json_of(default.oneshot(missing).await.unwrap()).await;
-            assert_eq!(
-                problem["type"],
-                format!("{}MissingKey", crate::error::DEFAULT_PROBLEM_TYPE_BASE)
-            );
-        }
-
-        #[tokio::test]
-        async fn a_whole_refusal_can_be_the_users_envelope_and_keeps_retry_after() {
-            let gate = Arc::new(tokio::sync::Notify::new());
-            let started = Arc::new(tokio::sync::Notify::new());
-            let handler = {
-                let (gate, started) = (gate.clone(), started.clone());
-                tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
-                    let (gate, started) = (gate.clone(), started.clone());
-                    async move {
-                        started.notify_one();
-                        gate.notified().await;
-                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
-                            "done",
-                        ))))
-                    }
-                })
-            };
-            let service = Idempotency::memory()
-                .with_rejection_response(|rejection: &Rejection| {
-                    let body = serde_json::json!({
-                        "error": { "code": rejection.name(), "message": rejection.detail() }
-                    });
-                    Response::builder()
-                        .status(rejection.status())
-                        .header("content-type", "application/json")
-                        .body(Bytes::from(body.to_string()))
-                        .unwrap()
-                })
-                .layer(handler);
-            let first = tokio::spawn(service.clone().oneshot(post("k", "a")));
-            started.notified().await;
-            let duplicate = service.clone().oneshot(post("k", "a")).await.unwrap();
-            assert_eq!(duplicate.status(), StatusCode::CONFLICT);
-            assert_eq!(duplicate.headers()["content-type"], "application/json");
-            assert!(duplicate.headers().contains_key(http::header::RETRY_AFTER));
-            let envelope = json_of(duplicate).await;
-            assert_eq!(envelope["error"]["code"], "InFlight");
-            gate.notify_one();
-            assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
-            // A refusal without a retry delay gets no Retry-After.
-            let reused = service.clone().oneshot(post("k", "b")).await.unwrap();
-            assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
-            assert!(!reused.headers().contains_key(http::header::RETRY_AFTER));
-            assert_eq!(json_of(reused).await["error"]["code"], "KeyReused");
-        }
-
-        #[tokio::test]
-        async fn the_replay_header_is_named_by_the_user() {
-            let count = Arc::new(AtomicUsize::new(0));
-            let service = Idempotency::memory()
-                .with_replay_header(http::HeaderName::from_static("x-replayed"))
-                .layer(counting_service(count, StatusCode::CREATED));
-            let first = service.clone().oneshot(post("k", "a")).await.unwrap();
-            assert!(first.headers().get("x-replayed").is_none());
-            let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
-            assert_eq!(retry.headers()["x-replayed"], "true");
-            assert!(retry.headers().get(&crate::REPLAYED_HEADER).is_none());
-        }
-
-        #[tokio::test]
-        async fn require_scope_refuses_anonymous_callers_before_reading_the_body() {
-            let count = Arc::new(AtomicUsize::new(0));
-            let service = Idempotency::memory()
-                .with_body_limit(4)
-                .require_scope()
-                .layer(counting_service(count.clone(), StatusCode::CREATED));
-            // Over the body limit too: the scope is checked first, so no 413.
-            let anonymous = service
-                .clone()
-                .oneshot(post("k", "too long"))
-                .await
-                .unwrap();
-            assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
-            let problem = json_of(anonymous).await;
-            assert_eq!(problem["title"], "Caller not identified");
-            assert!(problem["detail"]
-                .as_str()
-                .unwrap()
-                .contains("Authorization"));
-            let empty_auth = Request::post("/orders")
-                .header("idempotency-key", "k")
-                .header("authorization", "")
-                .body(Full::new(Bytes::from("a")))
-                .unwrap();
-            assert_eq!(
-                service.clone().oneshot(empty_auth).await.unwrap().status(),
-                StatusCode::BAD_REQUEST
-            );
-            assert_eq!(count.load(Ordering::SeqCst), 0);
-
-            let alice = Request::post("/orders")
-                .header("idempotency-key", "k")
-                .header("authorization", "Bearer alice")
-                .body(Full::new(Bytes::from("a")))
-                .unwrap();
-            assert_eq!(
-                service.clone().oneshot(alice).await.unwrap().status(),
-                StatusCode::CREATED
-            );
-            assert_eq!(count.load(Ordering::SeqCst), 1);
-
-            // Without the setting, anonymous callers are served (and share one key space).
-            let open =
-                Idempotency::memory().layer(counting_service(count.clone(), StatusCode::CREATED));
-            assert_eq!(
-                open.oneshot(post("k", "a")).await.unwrap().status(),
-                StatusCode::CREATED
-            );
-        }
-
-        /// A response body fed frame by frame through a channel: a stream with no end in sight
-        /// until the sender is dropped (server-sent events, a large download).
-        struct Channel(tokio::sync::mpsc::Receiver<Bytes>);
-
-        impl Body for Channel {
-            type Data = Bytes;
-            type Error = std::convert::Infallible;
-
-            fn poll_frame(
-                mut self: Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-                self.0
-                    .poll_recv(cx)
-                    .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
-            }
-        }
-
-        #[tokio::test]
-        async fn an_answer_over_the_saved_limit_is_streamed_and_a_retry_gets_its_status_and_headers(
-        ) {
-            let runs = Arc::new(AtomicUsize::new(0));
-            let senders = Arc::new(std::sync::Mutex::new(Vec::new()));
-            let handler = {
-                let (runs, senders) = (runs.clone(), senders.clone());
-                tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    let (tx, rx) = tokio::sync::mpsc::channel(64);
-                    senders.lock().unwrap().push(tx);
-                    async move {
-                        let response = Response::builder()
-                            .status(StatusCode::CREATED)
-                            .header("location", "/exports/1")
-                            .header("content-type", "text/event-stream")
-                            .body(Channel(rx))
-                            .unwrap();
-                        Ok::<_, std::convert::Infallible>(response)
-                    }
-                })
-            };
-            let service = Idempotency::memory()
-                .with_saved_body_limit(1024)
-                .layer(handler);
-            let first = tokio::spawn(service.clone().oneshot(post("k", "a")));
-            tokio::task::yield_now().await;
-            let tx = loop {
-                if let Some(tx) = senders.lock().unwrap().pop() {
-                    break tx;
-                }
-                tokio::task::yield_now().await;
-            };
-            // 3 KiB, then the stream stays open: the answer must not wait for its end.
-            for _ in 0..3 {
-                tx.send(Bytes::from(vec![b'x'; 1024])).await.unwrap();
-            }
-            let first = first.await.unwrap().unwrap();
-            assert_eq!(first.status(), StatusCode::CREATED);
-            let mut body = first.into_body();
-            let mut received = 0;
-            while received < 3 * 1024 {
-                let frame = body.frame().await.unwrap().unwrap();
-                received += frame.into_data().unwrap().len();
-            }
-            tx.send(Bytes::from_static(b"last")).await.unwrap();
-            drop(tx);
-            let rest = body.collect().await.unwrap().to_bytes();
-            assert_eq!(
-                received + rest.len(),
-                3 * 1024 + 4,
-                "the client gets every byte"
-            );
-
-            let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
-            assert_eq!(retry.status(), StatusCode::CREATED);
-            assert_eq!(retry.headers()[&crate::REPLAYED_HEADER], "true");
-            assert_eq!(retry.headers()[&crate::BODY_NOT_KEPT_HEADER], "true");
-            assert_eq!(retry.headers()["location"], "/exports/1");
-            assert!(retry.headers().get("content-type").is_none());
-            assert_eq!(body_of(retry).await, "");
-            assert_eq!(
-                runs.load(Ordering::SeqCst),
-                1,
-                "the retry did not run again"
-            );
-        }
-
-        #[tokio::test]
-        async fn a_body_announced_over_the_limit_is_not_read_before_it_is_sent() {
-            let runs = Arc::new(AtomicUsize::new(0));
-            let handler = {
-                let runs = runs.clone();
-                tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    async move {
-                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
-                            vec![b'y'; 64 * 1024],
-                        ))))
-                    }
-                })
-            };
-            let service = Idempotency::memory()
-                .with_saved_body_limit(1024)
-                .layer(handler);
-            let first = service.clone().oneshot(post("k", "a")).await.unwrap();
-            assert_eq!(body_of(first).await.len(), 64 * 1024);
-            let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
-            assert_eq!(retry.status(), StatusCode::OK);
-            assert_eq!(retry.headers()[&crate::BODY_NOT_KEPT_HEADER], "true");
-            assert_eq!(body_of(retry).await, "");
-            // Within the limit, the body is saved whole as before.
-            let small = Idempotency::memory().layer(counting_service(runs.clone(), StatusCode::OK));
-            small.clone().oneshot(post("s", "a")).await.unwrap();
-            let replay = small.oneshot(post("s", "a")).await.unwrap();
-            assert!(replay.headers().get(&crate::BODY_NOT_KEPT_HEADER).is_none());
-            assert_eq!(body_of(replay).await, "run 2");
-        }
-    }
 }

@@ -3,37 +3,18 @@
 //! claimed.
 
 use bytes::Bytes;
-use http::{header::CONTENT_LENGTH, Response};
+use http::header::CONTENT_LENGTH;
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use super::reject;
+use super::refuse::Refusal;
 use crate::{
-    body::ResponseBody,
     config::Config,
     error::Rejection,
     fingerprint::Fingerprint,
     key::{IdempotencyKey, KeyHash},
-    observe::{Outcome, RequestRecord},
     BoxError,
 };
-
-/// A request the layer answers itself before claiming anything: the answer and its log line.
-pub(super) struct Refusal {
-    rejection: Rejection,
-    note: &'static str,
-}
-
-impl Refusal {
-    pub(super) fn answer<B>(
-        self,
-        config: &Config,
-        record: &RequestRecord,
-    ) -> Response<ResponseBody<B>> {
-        record.finish(Outcome::Rejected, &self.note);
-        reject(config, self.rejection)
-    }
-}
 
 /// The key from its header: `None` when absent and the layer lets such requests through.
 pub(super) fn read_key(
@@ -159,7 +140,10 @@ mod tests {
 
     #[test]
     fn header_names_are_shown_as_written_in_requests() {
-        assert_eq!(display_name(&crate::DEFAULT_HEADER_NAME), "Idempotency-Key");
+        assert_eq!(
+            display_name(&crate::config::DEFAULT_HEADER_NAME),
+            "Idempotency-Key"
+        );
         assert_eq!(
             display_name(&http::HeaderName::from_static("x-request-key")),
             "X-Request-Key"

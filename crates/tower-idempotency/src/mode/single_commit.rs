@@ -60,17 +60,18 @@ use std::{sync::Arc, time::Duration};
 use http::Extensions;
 use sqlx::Postgres;
 
+use super::{
+    transactional::{IdempotencyTransaction, Transactional},
+    Mode, SaveFailure, Sealed,
+};
 use crate::{
     config::WAIT_POLL_INTERVAL,
     error::Rejection,
     key::KeyHash,
-    mode::{Mode, SaveFailure, Sealed},
     store::{
         postgres::PostgresStore, Claim, ClaimOutcome, Fenced, FencingToken, StoreError,
         StoredResponse, TransactionalStore,
     },
-    transaction::IdempotencyTransaction,
-    Transactional,
 };
 
 /// The mode of a layer built with [`Idempotency::transactional_single_commit`](crate::Idempotency::transactional_single_commit).

@@ -1,122 +1,42 @@
-//! The claimed run: the handler runs under a heartbeat, then its answer is saved or the key
-//! released.
+//! After the handler: its answer saved (fenced by the run's token; with the handler's work when
+//! the mode has a transaction to commit), or nothing saved and the key released.
 
-use std::{panic::AssertUnwindSafe, sync::Arc, time::Duration};
+use std::{pin::Pin, time::Duration};
 
 use bytes::Bytes;
-use futures_util::FutureExt;
-use http::{HeaderMap, Request, Response};
-use http_body::Body;
-use http_body_util::BodyExt;
-use tower_service::Service;
+use http::{HeaderMap, Response};
 
-use super::{heartbeat, reject};
+use super::{refuse::reject, run::Lease};
 use crate::{
     body::ResponseBody,
-    config::Config,
     error::Rejection,
-    key::KeyHash,
     mode::{Mode, SaveFailure},
     not_processed::NotProcessed,
-    observe::{self, Outcome, RequestRecord},
+    observe::{self, Outcome},
     record,
-    retry_after::Running,
-    store::{Fenced, FencingToken, Store, StoreError, StoredResponse},
+    store::{Fenced, Store, StoreError, StoredResponse},
     timeout::bounded,
-    BoxError,
 };
 
 /// Saves tried before giving up on recording an answer that has no transaction to commit with.
 const SAVE_TRIES: u32 = 3;
 
-/// The handler's run once the key is claimed: what it needs to renew, save and release.
-pub(super) struct ClaimedRun<St> {
-    pub(super) store: Arc<St>,
-    pub(super) config: Arc<Config>,
-    pub(super) key: KeyHash,
-    pub(super) token: FencingToken,
-    /// Whether the claim holds a lease to renew and release (see [`Mode::LEASED`]).
-    pub(super) leased: bool,
-    /// The request's path, for the Retry-After estimate of its duplicates.
-    pub(super) path: String,
-    pub(super) record: Arc<RequestRecord>,
-}
-
-/// The handler's answer with its body read as far as the layer keeps it.
-type HandlerResult<E, B> = Result<(http::response::Parts, BodyRead<B>), E>;
-
-/// How far the handler's body was read.
-enum BodyRead<B> {
-    /// Whole, within the saved-body limit: its bytes and trailers.
-    Whole(Bytes, HeaderMap),
-    /// Over the limit: the bytes read so far (at most the limit and one frame) and the rest,
-    /// unread, to be streamed to the client.
-    TooLarge(Bytes, std::pin::Pin<Box<B>>),
-    /// The body failed while the layer read it.
-    Failed(BoxError),
-}
-
-impl<St: Store> ClaimedRun<St> {
-    /// Run the handler (renewing the lease meanwhile), then save its answer, or release the key
-    /// when there is nothing to save.
-    pub(super) async fn execute<S, M, ReqBody, ResBody>(
-        mut self,
-        inner: S,
-        req: Request<ReqBody>,
+impl<St: Store> Lease<St> {
+    /// A whole answer: saved (or the key released when it is not to be saved), then sent; a
+    /// rejection instead when the mode rolled the work back with a failed save.
+    pub(super) async fn finish<M: Mode<St>, B>(
+        &self,
         run_state: M::RunState,
-    ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-    where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-        M: Mode<St>,
-        ResBody: Body<Data = Bytes>,
-        ResBody::Error: Into<BoxError>,
-    {
-        let running = Running {
-            durations: self.config.durations.clone(),
-            key: self.key,
-            start: self.config.durations.started(self.key),
-            path: std::mem::take(&mut self.path),
-        };
-        let result = tokio::select! {
-            biased;
-            result = AssertUnwindSafe(call_handler(inner, req, self.config.saved_body_limit)).catch_unwind() => result,
-            never = heartbeat::renew_forever(&self), if self.leased => match never {},
-        };
-        let (parts, (body, trailers)) = match result {
-            Ok(Ok((parts, BodyRead::TooLarge(prefix, rest)))) => {
-                drop(running);
-                return Ok(self
-                    .stream_unkept::<M, ResBody>(run_state, parts, prefix, rest)
-                    .await);
-            }
-            Err(panic) => {
-                self.give_up::<M>(run_state, "the handler panicked").await;
-                std::panic::resume_unwind(panic);
-            }
-            Ok(Err(err)) => {
-                let why = "the inner service returned an error";
-                self.give_up::<M>(run_state, why).await;
-                return Err(err);
-            }
-            Ok(Ok((parts, BodyRead::Failed(err)))) => {
-                self.give_up::<M>(run_state, "the response body failed")
-                    .await;
-                return Ok(Response::from_parts(parts, ResponseBody::failed(err)));
-            }
-            Ok(Ok((parts, BodyRead::Whole(body, trailers)))) => (parts, (body, trailers)),
-        };
-        // The handler is done: its duration is recorded without the save that follows.
-        drop(running);
-
+        parts: http::response::Parts,
+        body: Bytes,
+        trailers: HeaderMap,
+    ) -> Response<ResponseBody<B>> {
         if let Some(why) = self.not_to_save(&parts, &trailers) {
             self.give_up::<M>(run_state, &why).await;
         } else if let Some(rejection) = self.save::<M>(run_state, &parts, &body, &trailers).await {
-            return Ok(reject(&self.config, rejection));
+            return reject(&self.config, rejection);
         }
-        Ok(Response::from_parts(
-            parts,
-            ResponseBody::with_trailers(body, trailers),
-        ))
+        Response::from_parts(parts, ResponseBody::with_trailers(body, trailers))
     }
 
     /// An answer whose body is over the saved-body limit: the body is not kept. Saved in its
@@ -125,12 +45,12 @@ impl<St: Store> ClaimedRun<St> {
     /// learns the request was done and how it ended, and fetches the result by other means (its
     /// `Location`, say). The client of this attempt gets the whole body, streamed: the layer
     /// holds at most the limit and one frame of it.
-    async fn stream_unkept<M: Mode<St>, ResBody>(
+    pub(super) async fn stream_unkept<M: Mode<St>, ResBody>(
         &self,
         run_state: M::RunState,
         parts: http::response::Parts,
         prefix: Bytes,
-        rest: std::pin::Pin<Box<ResBody>>,
+        rest: Pin<Box<ResBody>>,
     ) -> Response<ResponseBody<ResBody>> {
         // The trailers come after the body: the policy sees none.
         if let Some(why) = self.not_to_save(&parts, &HeaderMap::new()) {
@@ -258,7 +178,7 @@ impl<St: Store> ClaimedRun<St> {
     }
 
     /// Nothing is saved: undo the mode's uncommitted work, then free the key for a retry.
-    async fn give_up<M: Mode<St>>(&self, run_state: M::RunState, why: &str) {
+    pub(super) async fn give_up<M: Mode<St>>(&self, run_state: M::RunState, why: &str) {
         M::abandon(run_state, self.config.store_timeout).await;
         self.release(why).await;
     }
@@ -291,48 +211,6 @@ impl<St: Store> ClaimedRun<St> {
             ),
         }
     }
-}
-
-/// The handler's answer with its body read up to `limit` bytes; trailers are kept with the
-/// body, since gRPC's outcome (`grpc-status`) is in them. A body that says it is larger than
-/// `limit` is not read at all.
-async fn call_handler<S, ReqBody, ResBody>(
-    mut inner: S,
-    req: Request<ReqBody>,
-    limit: usize,
-) -> HandlerResult<S::Error, ResBody>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: Body<Data = Bytes>,
-    ResBody::Error: Into<BoxError>,
-{
-    let (parts, body) = inner.call(req).await?.into_parts();
-    let mut body = Box::pin(body);
-    if body.size_hint().lower() > limit as u64 {
-        return Ok((parts, BodyRead::TooLarge(Bytes::new(), body)));
-    }
-    let mut read = bytes::BytesMut::new();
-    let mut trailers = HeaderMap::new();
-    loop {
-        match body.frame().await {
-            None => break,
-            Some(Err(err)) => return Ok((parts, BodyRead::Failed(err.into()))),
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => {
-                    read.extend_from_slice(&data);
-                    if read.len() > limit {
-                        return Ok((parts, BodyRead::TooLarge(read.freeze(), body)));
-                    }
-                }
-                Err(frame) => {
-                    if let Ok(more) = frame.into_trailers() {
-                        trailers.extend(more);
-                    }
-                }
-            },
-        }
-    }
-    Ok((parts, BodyRead::Whole(read.freeze(), trailers)))
 }
 
 /// The status and version of `parts` with other headers (and no extensions, which are not

@@ -47,10 +47,10 @@ use std::{fmt, sync::Arc, time::Duration};
 use http::Extensions;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
+use super::{Mode, SaveFailure, Sealed};
 use crate::{
     error::Rejection,
     key::KeyHash,
-    mode::{Mode, SaveFailure, Sealed},
     store::{Fenced, FencingToken, StoreError, StoredResponse, TransactionalStore},
     timeout::bounded,
 };

@@ -1,9 +1,10 @@
-//! How a claimed run's answer is recorded: on its own ([`Standard`]), in the handler's database
-//! transaction ([`Transactional`](crate::Transactional)), or with the claim too in that one
-//! transaction (`SingleCommit`, PostgreSQL).
+//! How a claimed run's answer is recorded: on its own ([`Standard`], `standard.rs`), in the
+//! handler's database transaction (`Transactional`, `transactional.rs`), or with the claim too
+//! in that one transaction (`SingleCommit`, PostgreSQL, `single_commit.rs`).
 //!
-//! Everything that differs between the modes is a method of [`Mode`]; the request flow
-//! (`service/`) calls them and never asks which mode it runs in.
+//! Everything that differs between the modes is a method of [`Mode`], and what a mode keeps for
+//! one run is its [`Mode::RunState`]; the request flow (`service/`) calls the methods and never
+//! asks which mode it runs in. The default methods are the standard mode's answers.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -14,6 +15,16 @@ use crate::{
     key::KeyHash,
     store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoredResponse},
 };
+
+#[cfg(feature = "postgres")]
+pub mod single_commit;
+mod standard;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub mod transactional;
+
+pub use standard::Standard;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub use transactional::Transactional;
 
 mod sealed {
     pub trait Sealed {}
@@ -32,7 +43,7 @@ pub enum SaveFailure<'a> {
 }
 
 /// The mode of an [`Idempotency`](crate::Idempotency) layer. Sealed: the modes are [`Standard`],
-/// [`Transactional`](crate::Transactional) and (PostgreSQL) `SingleCommit`.
+/// `Transactional` (SQL stores) and `SingleCommit` (PostgreSQL).
 pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
     /// What the mode keeps for one claimed run: the handler's transaction, or nothing.
     #[doc(hidden)]
@@ -81,49 +92,24 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
         token: FencingToken,
         response: &StoredResponse,
         limit: Duration,
-    ) -> impl Future<Output = Option<Result<Fenced, StoreError>>> + Send;
+    ) -> impl Future<Output = Option<Result<Fenced, StoreError>>> + Send {
+        let _ = (store, run, key, token, response, limit);
+        std::future::ready(None)
+    }
 
     /// Undo the run's uncommitted work (the response is not saved), within `limit`.
     #[doc(hidden)]
-    fn abandon(run: Self::RunState, limit: Duration) -> impl Future<Output = ()> + Send;
+    fn abandon(run: Self::RunState, limit: Duration) -> impl Future<Output = ()> + Send {
+        let _ = (run, limit);
+        std::future::ready(())
+    }
 
     /// What the client gets when its response could not be saved: `None` for the handler's
     /// answer (its work stands, unrecorded), or the rejection to send instead (its work was
     /// rolled back with the save).
     #[doc(hidden)]
-    fn unsaved(failure: &SaveFailure<'_>, lease: Duration) -> Option<Rejection>;
-}
-
-/// The default mode: the response is saved with one store write after the handler answers.
-///
-/// The handler's own side effects are not covered by that write: if the process dies between
-/// the handler's work and the save, a retry after the lease runs the handler again. Use
-/// [`Transactional`](crate::Transactional) mode to close that gap for database work.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Standard;
-
-impl Sealed for Standard {}
-
-impl<St: Store> Mode<St> for Standard {
-    type RunState = ();
-
-    fn begin_run(_: &Arc<St>, _: &mut Extensions, _: Option<()>) -> Self::RunState {}
-
-    async fn save_with_work(
-        _: &St,
-        (): (),
-        _: &KeyHash,
-        _: FencingToken,
-        _: &StoredResponse,
-        _: Duration,
-    ) -> Option<Result<Fenced, StoreError>> {
-        None
-    }
-
-    async fn abandon((): (), _: Duration) {}
-
-    /// The work is done and cannot be undone: the client gets its answer.
-    fn unsaved(_: &SaveFailure<'_>, _: Duration) -> Option<Rejection> {
+    fn unsaved(failure: &SaveFailure<'_>, lease: Duration) -> Option<Rejection> {
+        let _ = (failure, lease);
         None
     }
 }

@@ -1,0 +1,177 @@
+//! The claimed run: the handler runs under a heartbeat, then its answer is saved (`save.rs`) or
+//! the key released.
+
+use std::{panic::AssertUnwindSafe, pin::Pin, sync::Arc};
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::{HeaderMap, Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+use tower_service::Service;
+
+use super::{heartbeat, Answer, Flow, RunState, Shared};
+use crate::{
+    body::{RequestBody, ResponseBody},
+    config::Config,
+    key::KeyHash,
+    mode::Mode,
+    observe::RequestRecord,
+    retry_after::Running,
+    store::FencingToken,
+    BoxError,
+};
+
+/// The claimed key: what the run needs to renew, save and release it.
+pub(super) struct Lease<St> {
+    pub(super) store: Arc<St>,
+    pub(super) config: Arc<Config>,
+    pub(super) key: KeyHash,
+    pub(super) token: FencingToken,
+    /// Whether the claim holds a lease to renew and release (see [`Mode::LEASED`]).
+    pub(super) leased: bool,
+    pub(super) record: Arc<RequestRecord>,
+}
+
+impl<St> Lease<St> {
+    pub(super) fn new<M: Mode<St>>(
+        layer: &Shared<St, M>,
+        key: KeyHash,
+        token: FencingToken,
+        record: Arc<RequestRecord>,
+    ) -> Self
+    where
+        St: crate::store::Store,
+    {
+        Self {
+            store: layer.store.clone(),
+            config: layer.config.clone(),
+            key,
+            token,
+            leased: M::LEASED,
+            record,
+        }
+    }
+
+    /// The handler's duration, counted until this drops, for the Retry-After estimate.
+    fn running(&self, path: String) -> Running {
+        Running {
+            durations: self.config.durations.clone(),
+            key: self.key,
+            start: self.config.durations.started(self.key),
+            path,
+        }
+    }
+}
+
+/// The handler's run once the key is claimed: the lease, the mode's state for the run, and the
+/// request's path (for the Retry-After estimate of its duplicates).
+pub(super) struct ClaimedRun<F: Flow> {
+    pub(super) lease: Lease<F::Store>,
+    pub(super) state: RunState<F>,
+    pub(super) path: String,
+}
+
+/// How far the handler's body was read.
+pub(super) enum BodyRead<B> {
+    /// Whole, within the saved-body limit: its bytes and trailers.
+    Whole(Bytes, HeaderMap),
+    /// Over the limit: the bytes read so far (at most the limit and one frame) and the rest,
+    /// unread, to be streamed to the client.
+    TooLarge(Bytes, Pin<Box<B>>),
+    /// The body failed while the layer read it.
+    Failed(BoxError),
+}
+
+impl<F: Flow> ClaimedRun<F> {
+    /// Run the handler (renewing the lease meanwhile), then save its answer, or release the key
+    /// when there is nothing to save.
+    pub(super) async fn execute(
+        self,
+        inner: F::Inner,
+        req: Request<RequestBody<F::ReqBody>>,
+    ) -> Answer<F> {
+        let Self { lease, state, path } = self;
+        let running = lease.running(path);
+        let limit = lease.config.saved_body_limit;
+        let result = tokio::select! {
+            biased;
+            result = AssertUnwindSafe(call_handler(inner, req, limit)).catch_unwind() => result,
+            never = heartbeat::renew_forever(&lease), if lease.leased => match never {},
+        };
+        match result {
+            // The handler is done: its duration is recorded without the save that follows.
+            Ok(Ok((parts, BodyRead::Whole(body, trailers)))) => {
+                drop(running);
+                Ok(lease
+                    .finish::<F::Mode, _>(state, parts, body, trailers)
+                    .await)
+            }
+            Ok(Ok((parts, BodyRead::TooLarge(prefix, rest)))) => {
+                drop(running);
+                Ok(lease
+                    .stream_unkept::<F::Mode, _>(state, parts, prefix, rest)
+                    .await)
+            }
+            Ok(Ok((parts, BodyRead::Failed(err)))) => {
+                lease
+                    .give_up::<F::Mode>(state, "the response body failed")
+                    .await;
+                Ok(Response::from_parts(parts, ResponseBody::failed(err)))
+            }
+            Ok(Err(err)) => {
+                let why = "the inner service returned an error";
+                lease.give_up::<F::Mode>(state, why).await;
+                Err(err)
+            }
+            Err(panic) => {
+                lease
+                    .give_up::<F::Mode>(state, "the handler panicked")
+                    .await;
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}
+
+/// The handler's answer with its body read up to `limit` bytes; trailers are kept with the
+/// body, since gRPC's outcome (`grpc-status`) is in them. A body that says it is larger than
+/// `limit` is not read at all.
+async fn call_handler<S, ReqBody, ResBody>(
+    mut inner: S,
+    req: Request<ReqBody>,
+    limit: usize,
+) -> Result<(http::response::Parts, BodyRead<ResBody>), S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = inner.call(req).await?.into_parts();
+    let mut body = Box::pin(body);
+    if body.size_hint().lower() > limit as u64 {
+        return Ok((parts, BodyRead::TooLarge(Bytes::new(), body)));
+    }
+    let mut read = bytes::BytesMut::new();
+    let mut trailers = HeaderMap::new();
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Err(err)) => return Ok((parts, BodyRead::Failed(err.into()))),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    read.extend_from_slice(&data);
+                    if read.len() > limit {
+                        return Ok((parts, BodyRead::TooLarge(read.freeze(), body)));
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(more) = frame.into_trailers() {
+                        trailers.extend(more);
+                    }
+                }
+            },
+        }
+    }
+    Ok((parts, BodyRead::Whole(read.freeze(), trailers)))
+}
