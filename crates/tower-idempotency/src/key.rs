@@ -195,14 +195,20 @@ impl fmt::Display for KeyHash {
     }
 }
 
+/// `bytes` as lower-case hex: the crate's one hex writer.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 0xf) as usize] as char);
-    }
+    push_hex(&mut s, bytes);
     s
+}
+
+/// `bytes` as lower-case hex, at the end of `out`.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
 }
 
 /// SHA-256 of no bytes.
