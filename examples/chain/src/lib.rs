@@ -85,9 +85,11 @@ const SETTLED_BEFORE_KILL: usize = 100;
 /// Messages the relay has published before the consumer first starts, so that the consumer
 /// always has deliveries in hand when it is killed.
 const BACKLOG: usize = 150;
-/// The batch of a relay run at which it stalls (and is killed) when orders still arrive: the
-/// first batch of a run republishes what the previous run stalled on, the second is new.
-const STALL_AT_BATCH: u64 = 2;
+/// The batch at which the first relay run stalls (and is killed): it starts before the first
+/// order, and the load holds far more than two batches, so this batch always comes. The later
+/// runs stall at their first batch, which always holds the rows the previous run stalled on (the
+/// oldest unpublished), so no kill waits on orders that may no longer arrive.
+const FIRST_STALL_AT_BATCH: u64 = 2;
 
 /// One run's parameters.
 #[derive(Debug, Clone)]
@@ -396,14 +398,8 @@ pub async fn run(settings: &Settings) -> Result<Report, BoxError> {
             stalled
         };
         let mut kills = 0;
-        for _ in 0..settings.relay_kills {
-            // Once no order is coming any more, only the rows the last run stalled on are
-            // left: stall on them at once.
-            let stall_at = if load_done.load(Ordering::SeqCst) {
-                1
-            } else {
-                STALL_AT_BATCH
-            };
+        for run in 0..settings.relay_kills {
+            let stall_at = if run == 0 { FIRST_STALL_AT_BATCH } else { 1 };
             let mut envs = relay_envs.to_vec();
             envs.push(("RELAY_STALL_AT_BATCH", stall_at.to_string()));
             Run::start(&settings.relay_binary, &envs)
