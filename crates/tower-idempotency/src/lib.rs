@@ -47,6 +47,7 @@
 #[cfg(feature = "admin")]
 pub mod admin;
 mod body;
+mod compile_checks;
 mod config;
 #[cfg(any(
     feature = "memory",
