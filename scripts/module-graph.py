@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
 """Prints the library's module graph (top-level modules of crates/tower-idempotency/src and what
-each one imports through `crate::`), and exits 1 if the graph has a cycle.
+each one imports through `crate::`), and exits 1 if the graph has a cycle or if a module imports
+a sibling through a re-export of `lib.rs`.
 
     python3 scripts/module-graph.py
 
-Test modules (`#[cfg(test)]` and below) are left out: tests may reach anywhere.
+Re-exports are followed: a path that reaches an item through `pub use` (in `lib.rs` or in another
+module) is an edge to the module that defines the item too, so a cycle that passes through a
+re-export is found. `lib.rs` is the front door only (crate docs and `pub use`): modules name each
+other by their module path (`crate::layer::Idempotency`), never `crate::Idempotency`.
+
+Test modules (`#[cfg(test)]` and below, and `tests.rs` files) are left out: tests may reach
+anywhere. Comments (doc links included) are not imports.
 """
 import os
 import re
@@ -13,40 +20,134 @@ import sys
 SRC = os.path.join(os.path.dirname(__file__), "..", "crates", "tower-idempotency", "src")
 
 
-def imports(source):
-    source = source.split("#[cfg(test)]")[0]
-    source = re.sub(r"//.*", "", source)
-    found = set(re.findall(r"crate::(\w+)", source))
-    for group in re.findall(r"crate::\{(.*?)\};", source, re.S):
-        depth, name, names = 0, "", []
-        for ch in group:
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-            elif ch == "," and depth == 0:
-                names.append(name)
-                name = ""
+def code_of(source):
+    """The source without its test module and its comments."""
+    source = re.split(r"#\[cfg\((?:all\()?test\b[^\]]*\]\s*mod \w+\s*\{", source)[0]
+    return re.sub(r"//.*", "", source)
+
+
+def split_top(group):
+    """`a::{b, c}, d` -> ["a::{b, c}", "d"]."""
+    depth, part, parts = 0, "", []
+    for ch in group:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(part)
+            part = ""
+            continue
+        part += ch
+    parts.append(part)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def expand(tree):
+    """A use tree (`a::{b::C, d as E}`) as (path, name it is known by) pairs."""
+    tree = " ".join(tree.split())
+    tree = re.sub(r"\s*::\s*", "::", tree)
+    brace = tree.find("{")
+    if brace < 0:
+        path, _, alias = tree.partition(" as ")
+        path = path.strip()
+        return [(path, alias.strip() or path.split("::")[-1])]
+    prefix, inner = tree[:brace], tree[brace + 1 : tree.rindex("}")]
+    found = []
+    for part in split_top(inner):
+        for path, name in expand(part):
+            if path == "self":
+                found.append((prefix.rstrip(":"), prefix.rstrip(":").split("::")[-1]))
+            else:
+                found.append((prefix + path, name))
+    return found
+
+
+def uses(code):
+    """Every `[pub] use` statement: (is it `pub`, path, name) for each leaf."""
+    found = []
+    for vis, tree in re.findall(r"(pub(?:\([\w:]+\))?\s+)?\buse\s+([^;]+);", code):
+        for path, name in expand(tree):
+            found.append((bool(vis), path, name))
+    return found
+
+
+def absolute(path, module_path, modules):
+    """`super::x`, `self::x` and `child::x` from the module at `module_path` (a list) as a path
+    from the crate root (a list); `crate::x` as is; anything else (an outside crate) as None."""
+    parts = path.split("::")
+    if parts[0] == "crate":
+        return parts[1:]
+    base = list(module_path)
+    if parts[0] not in ("self", "super"):
+        return base + parts if tuple(base + parts[:1]) in modules else None
+    while parts and parts[0] in ("self", "super"):
+        if parts[0] == "super":
+            base = base[:-1]
+        parts = parts[1:]
+    return base + parts
+
+
+def load():
+    """{module path (tuple): code} for every file of the library."""
+    files = {}
+    for root, _, names in os.walk(SRC):
+        for name in names:
+            if not name.endswith(".rs") or name == "tests.rs":
                 continue
-            name += ch
-        names.append(name)
-        found.update(n.strip().split("::")[0].strip("{} \n") for n in names)
-    return {n for n in found if n}
+            rel = os.path.relpath(os.path.join(root, name), SRC).removesuffix(".rs")
+            parts = rel.split(os.sep)
+            if parts[-1] == "mod":
+                parts = parts[:-1]
+            if parts == ["lib"]:
+                parts = []
+            with open(os.path.join(root, name), encoding="utf-8") as f:
+                files[tuple(parts)] = code_of(f.read())
+    return files
+
+
+def reexports(files):
+    """{(module path, name): target path from the root} for every `pub use`."""
+    table = {}
+    for module, code in files.items():
+        for public, path, name in uses(code):
+            if public:
+                target = absolute(path, list(module), files)
+                if target:
+                    table[(module, name)] = target
+    return table
+
+
+def resolve(path, table, seen=()):
+    """Every top-level module a path from the root passes through, re-exports followed."""
+    reached = {path[0]} if path else set()
+    for cut in range(1, len(path) + 1):
+        key = (tuple(path[: cut - 1]), path[cut - 1])
+        if key in table and key not in seen:
+            target = table[key] + path[cut:]
+            reached |= resolve(target, table, seen + (key,))
+    return reached
 
 
 def graph():
-    edges = {}
-    for root, _, files in os.walk(SRC):
-        for name in files:
-            if not name.endswith(".rs"):
-                continue
-            path = os.path.relpath(os.path.join(root, name), SRC)
-            module = path.split(os.sep)[0].removesuffix(".rs")
-            if module == "lib":
-                continue
-            with open(os.path.join(root, name), encoding="utf-8") as f:
-                edges.setdefault(module, set()).update(imports(f.read()) - {module})
-    return {m: {d for d in deps if d in edges} for m, deps in edges.items()}
+    files = load()
+    table = reexports(files)
+    top = {m[0] for m in files if m}
+    edges, through_lib = {}, []
+    for module, code in files.items():
+        if not module:
+            continue
+        paths = [absolute(p, list(module), files) for _, p, _ in uses(code)]
+        paths += [p.split("::") for p in re.findall(r"(?<![\w:])crate::((?:\w+::)*\w+)", code)]
+        deps = edges.setdefault(module[0], set())
+        for path in filter(None, paths):
+            if path and path[0] not in top:
+                through_lib.append(("/".join(module), "crate::" + "::".join(path)))
+            deps |= resolve(path, table)
+    for module, deps in edges.items():
+        deps.discard(module)
+        deps &= top
+    return edges, sorted(set(through_lib))
 
 
 def cycles(edges):
@@ -56,7 +157,7 @@ def cycles(edges):
         state[node] = "open"
         for nxt in sorted(edges[node]):
             if state.get(nxt) == "open":
-                found.append(stack[stack.index(nxt):] + [nxt])
+                found.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = "done"
@@ -68,14 +169,16 @@ def cycles(edges):
 
 
 def main():
-    edges = graph()
+    edges, through_lib = graph()
     for module in sorted(edges):
         print(f"{module} -> {', '.join(sorted(edges[module])) or '(nothing)'}")
     found = cycles(edges)
     for cycle in found:
         print("cycle: " + " -> ".join(cycle))
-    print(f"{len(edges)} modules, {len(found)} cycles")
-    return 1 if found else 0
+    for module, path in through_lib:
+        print(f"through lib.rs: {module} uses {path}; name the module instead")
+    print(f"{len(edges)} modules, {len(found)} cycles, {len(through_lib)} imports through lib.rs")
+    return 1 if found or through_lib else 0
 
 
 if __name__ == "__main__":

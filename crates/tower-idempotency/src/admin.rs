@@ -42,10 +42,9 @@ use axum::{
 };
 
 use crate::{
-    key::{IdempotencyKey, Scope},
+    key::{IdempotencyKey, KeyHash, Scope},
     store::{DynStore, RecordState, Store, StoreError, StoreErrorKind},
     sweeper::DEFAULT_SWEEP_BATCH,
-    KeyHash,
 };
 
 /// The admin routes over `store`; nest them where you like.

@@ -11,6 +11,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use pin_project_lite::pin_project;
 
+/// The error type of bodies the layer produces.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 pin_project! {
     /// The request body the inner service receives: the body the layer buffered (to fingerprint
     /// it), or the caller's own body, untouched, on requests the layer lets through unread
@@ -60,10 +63,10 @@ impl<B> From<Bytes> for RequestBody<B> {
 impl<B> Body for RequestBody<B>
 where
     B: Body,
-    B::Error: Into<crate::BoxError>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = crate::BoxError;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -128,7 +131,7 @@ pin_project! {
         // Held whole: the data frame, then the trailers frame if any.
         Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
         // The inner body failed while the layer read it: the client sees the same failure.
-        Failed { error: Option<crate::BoxError> },
+        Failed { error: Option<BoxError> },
         // Over the saved-body limit: what the layer read, then the rest of the inner body.
         Prefixed { prefix: Option<Bytes>, body: Pin<Box<B>> },
     }
@@ -167,7 +170,7 @@ impl<B> ResponseBody<B> {
         }
     }
 
-    pub(crate) fn failed(error: crate::BoxError) -> Self {
+    pub(crate) fn failed(error: BoxError) -> Self {
         Self {
             kind: Kind::Failed { error: Some(error) },
         }
@@ -177,10 +180,10 @@ impl<B> ResponseBody<B> {
 impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
-    B::Error: Into<crate::BoxError>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = crate::BoxError;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,

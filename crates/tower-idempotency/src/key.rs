@@ -134,8 +134,19 @@ pub enum KeyError {
 }
 
 /// The SHA-256 of a scoped key: the identity of a record in every store.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct KeyHash(pub [u8; 32]);
+
+/// Feeds a map's hasher one word of the digest instead of all 32 bytes: the bytes are already
+/// uniform, and the map's own keyed hasher still decides the buckets, so a caller who picks keys
+/// cannot aim them at one bucket. Equal hashes have equal words, as `Hash` requires.
+impl std::hash::Hash for KeyHash {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&self.0[..8]);
+        state.write_u64(u64::from_ne_bytes(word));
+    }
+}
 
 impl KeyHash {
     /// The raw 32 bytes, for `bytea`/`BLOB` columns.
@@ -184,14 +195,20 @@ impl fmt::Display for KeyHash {
     }
 }
 
+/// `bytes` as lower-case hex: the crate's one hex writer.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 0xf) as usize] as char);
-    }
+    push_hex(&mut s, bytes);
     s
+}
+
+/// `bytes` as lower-case hex, at the end of `out`.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
 }
 
 /// SHA-256 of no bytes.

@@ -47,6 +47,7 @@
 #[cfg(feature = "admin")]
 pub mod admin;
 mod body;
+mod compile_checks;
 mod config;
 #[cfg(any(
     feature = "memory",
@@ -76,7 +77,7 @@ pub mod store;
 pub mod sweeper;
 mod timeout;
 
-pub use body::{RequestBody, ResponseBody};
+pub use body::{BoxError, RequestBody, ResponseBody};
 pub use config::{
     DEFAULT_BODY_LIMIT, DEFAULT_BODY_TIMEOUT, DEFAULT_HEADER_NAME, DEFAULT_LEASE, DEFAULT_METHODS,
     DEFAULT_SAVED_BODY_LIMIT, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, WAIT_POLL_INTERVAL,
@@ -110,6 +111,3 @@ pub use record::{DefaultSavePolicy, SavePolicy, BODY_NOT_KEPT_HEADER, REPLAYED_H
 pub use retry_after::RetryAfter;
 pub use service::{IdempotencyService, ResponseFuture};
 pub use sweeper::Sweeper;
-
-/// The error type of bodies the layer produces.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

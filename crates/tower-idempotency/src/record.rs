@@ -81,8 +81,11 @@ impl SavePolicy for DefaultSavePolicy {
 /// and UNAVAILABLE (14).
 const RETRYABLE_GRPC_STATUSES: [&[u8]; 3] = [b"8", b"10", b"14"];
 
+/// Named once: a lookup by `&str` parses and hashes the name on every response.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
 fn is_retryable_grpc(map: &HeaderMap) -> bool {
-    map.get("grpc-status")
+    map.get(&GRPC_STATUS)
         .is_some_and(|code| RETRYABLE_GRPC_STATUSES.contains(&code.as_bytes().trim_ascii()))
 }
 

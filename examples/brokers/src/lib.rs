@@ -24,6 +24,7 @@ use sqlx::{PgConnection, PgPool};
 use tower_idempotency_consumer::{Error, Outcome, PgConsumer};
 
 pub mod nats;
+pub mod proof;
 pub mod rabbitmq;
 
 /// The consumer name the events are recorded under.

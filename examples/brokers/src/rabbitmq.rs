@@ -14,7 +14,7 @@ use tower_idempotency_consumer::rabbitmq::{
     },
 };
 
-use crate::{apply, migrate, report};
+use crate::{apply, env, migrate, report, shutdown_signal};
 
 /// Where the consumer reads from.
 #[derive(Debug, Clone)]
@@ -26,6 +26,33 @@ pub struct Settings {
     /// How many unacknowledged deliveries the broker hands out at once (and so how many run
     /// concurrently).
     pub prefetch: u16,
+}
+
+impl Settings {
+    /// `AMQP_URL` (default `amqp://127.0.0.1:5672/%2f`), `QUEUE` (default `payments`) and
+    /// `PREFETCH` (default 32) from the environment.
+    pub fn from_env() -> Result<Self, String> {
+        let prefetch = std::env::var("PREFETCH").unwrap_or_else(|_| "32".into());
+        Ok(Self {
+            amqp_url: std::env::var("AMQP_URL")
+                .unwrap_or_else(|_| "amqp://127.0.0.1:5672/%2f".into()),
+            queue: std::env::var("QUEUE").unwrap_or_else(|_| "payments".into()),
+            prefetch: prefetch
+                .parse()
+                .map_err(|_| format!("PREFETCH={prefetch:?} is not a number from 1 to 65535"))?,
+        })
+    }
+}
+
+/// The consumer binary's whole run: [`Settings::from_env`], the pool on `DATABASE_URL`
+/// (required), then [`run`] until SIGTERM or Ctrl-C.
+pub async fn run_from_env() -> Result<(), Box<dyn std::error::Error>> {
+    let database_url = env("DATABASE_URL")?;
+    let settings = Settings::from_env()?;
+    let pool = PgPool::connect(&database_url)
+        .await
+        .map_err(|err| format!("cannot reach DATABASE_URL={database_url}: {err}"))?;
+    run(pool, settings, shutdown_signal()).await
 }
 
 /// Consume `settings.queue` until `shutdown` resolves, applying each event once on `pool`;

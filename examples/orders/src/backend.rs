@@ -1,7 +1,8 @@
 //! The SQL the handlers run, for PostgreSQL, SQLite and MySQL.
 //!
 //! The statements are the same text for PostgreSQL and SQLite (`$N` placeholders work in each);
-//! MySQL numbers its `?` by position, so it gets its own [`Statements`]. Only the SQL text and the
+//! MySQL numbers its `?` by position, so it gets its own [`Statements`]. Only PostgreSQL has the
+//! outbox (`Config::outbox`). Only the SQL text and the
 //! sqlx types differ, so one macro writes every implementation. The idempotency layer itself is
 //! built in plain view, once per database, in `postgres_app`, `sqlite_app` and `mysql_app`
 //! (lib.rs).
@@ -27,12 +28,23 @@ pub(crate) const LIST_LIMIT: i64 = 1000;
 /// The statements of one SQL dialect; each binds its parameters in the same order.
 struct Statements {
     insert_order: &'static str,
+    /// `None` where the database has no outbox table (only PostgreSQL has one).
+    insert_event: Option<&'static str>,
     find_order: &'static str,
     orders_of: &'static str,
 }
 
-/// PostgreSQL and SQLite: `$N` placeholders.
+/// PostgreSQL: `$N` placeholders, and the outbox.
+const POSTGRES: Statements = Statements {
+    insert_event: Some(
+        "INSERT INTO outbox (event_id, kind, payload) VALUES ($1, 'order.created', $2::jsonb)",
+    ),
+    ..NUMBERED
+};
+
+/// SQLite (and PostgreSQL's other statements): `$N` placeholders.
 const NUMBERED: Statements = Statements {
+    insert_event: None,
     insert_order:
         "INSERT INTO orders (order_id, customer_id, total_cents, status) VALUES ($1, $2, $3, $4)",
     find_order: "SELECT order_id, customer_id, total_cents, status FROM orders WHERE order_id = $1",
@@ -42,6 +54,7 @@ const NUMBERED: Statements = Statements {
 
 /// MySQL: positional `?` placeholders, in the same order.
 const POSITIONAL: Statements = Statements {
+    insert_event: None,
     insert_order:
         "INSERT INTO orders (order_id, customer_id, total_cents, status) VALUES (?, ?, ?, ?)",
     find_order: "SELECT order_id, customer_id, total_cents, status FROM orders WHERE order_id = ?",
@@ -56,10 +69,12 @@ pub(crate) trait Backend: sqlx::Database {
     /// The idempotency store on this database.
     type Store: TransactionalStore<Database = Self>;
 
-    /// Insert `order` inside the idempotency transaction (begun here, on first use).
+    /// Insert `order` inside the idempotency transaction (begun here, on first use), and with
+    /// `outbox` its `order.created` event too, in the same transaction.
     fn insert_order(
         tx: &IdempotencyTransaction<Self>,
         order: &Order,
+        outbox: bool,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// The order with this id.
@@ -86,6 +101,7 @@ macro_rules! backend {
             async fn insert_order(
                 tx: &IdempotencyTransaction<Self>,
                 order: &Order,
+                outbox: bool,
             ) -> Result<(), sqlx::Error> {
                 let mut tx = tx.begin().await?;
                 sqlx::query($sql.insert_order)
@@ -95,6 +111,16 @@ macro_rules! backend {
                     .bind(&order.status)
                     .execute(&mut *tx)
                     .await?;
+                if outbox {
+                    let insert_event = $sql.insert_event.ok_or_else(|| {
+                        sqlx::Error::Configuration("the outbox is PostgreSQL's only".into())
+                    })?;
+                    sqlx::query(insert_event)
+                        .bind(&order.order_id)
+                        .bind(order_created(order))
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 Ok(())
             }
 
@@ -139,6 +165,17 @@ macro_rules! backend {
     };
 }
 
+/// The `order.created` event of `order`, as the outbox keeps it: its id is the order's.
+fn order_created(order: &Order) -> String {
+    serde_json::json!({
+        "id": order.order_id,
+        "orderId": order.order_id,
+        "customerId": order.customer_id,
+        "amountCents": order.total_cents,
+    })
+    .to_string()
+}
+
 /// Decoding an order from a row of either database.
 trait OrderRow {
     fn order(&self) -> Result<Order, sqlx::Error>;
@@ -152,7 +189,7 @@ backend!(
     sqlx::Postgres,
     PostgresStore,
     sqlx::postgres::PgRow,
-    NUMBERED
+    POSTGRES
 );
 backend!(sqlx::Sqlite, SqliteStore, sqlx::sqlite::SqliteRow, NUMBERED);
 backend!(sqlx::MySql, MySqlStore, sqlx::mysql::MySqlRow, POSITIONAL);

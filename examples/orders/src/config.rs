@@ -17,10 +17,14 @@ pub struct Config {
     /// How many `POST /orders` are handled at once, bodies included (`MAX_IN_FLIGHT_ORDERS`,
     /// default 64); more wait their turn without their bodies being read.
     pub max_in_flight_orders: usize,
+    /// Whether each order also writes an `order.created` event to the `outbox` table, in the
+    /// same transaction (`OUTBOX`, `true` or `false`, default `false`; PostgreSQL only).
+    pub outbox: bool,
 }
 
 impl Default for Config {
-    /// No payment latency, a 30 s lease, 24 h retention, 10 s to send a body, 64 orders at once.
+    /// No payment latency, a 30 s lease, 24 h retention, 10 s to send a body, 64 orders at once,
+    /// no outbox.
     fn default() -> Self {
         Self {
             payment_latency: Duration::ZERO,
@@ -28,6 +32,7 @@ impl Default for Config {
             ttl: tower_idempotency::DEFAULT_TTL,
             body_timeout: Duration::from_secs(10),
             max_in_flight_orders: 64,
+            outbox: false,
         }
     }
 }
@@ -181,7 +186,31 @@ impl Settings {
                 1,
                 "a whole number, at least 1, like 64",
             )?),
+            outbox: match get("OUTBOX")
+                .map(|v| v.trim().to_ascii_lowercase())
+                .as_deref()
+            {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(_) => {
+                    return Err(ConfigError::new(
+                        "OUTBOX",
+                        &get("OUTBOX").unwrap_or_default(),
+                        "true or false",
+                    ))
+                }
+            },
         };
+        let postgres = database_url
+            .as_deref()
+            .is_some_and(|url| url.starts_with("postgres://") || url.starts_with("postgresql://"));
+        if config.outbox && !postgres {
+            return Err(ConfigError::new(
+                "OUTBOX",
+                "true",
+                "false unless DATABASE_URL is a postgres://... URL (the outbox table is PostgreSQL's)",
+            ));
+        }
         let server_defaults = ServerConfig::default();
         let server = ServerConfig {
             header_read_timeout: Duration::from_millis(number(
@@ -312,6 +341,7 @@ mod tests {
             ("IDEMPOTENCY_TTL_SECS", "60"),
             ("BODY_TIMEOUT_MS", "2000"),
             ("MAX_IN_FLIGHT_ORDERS", "8"),
+            ("OUTBOX", "true"),
             ("HEADER_READ_TIMEOUT_MS", "1500"),
             ("MAX_CONNECTIONS", "100"),
             ("SHUTDOWN_GRACE_MS", "0"),
@@ -327,6 +357,7 @@ mod tests {
         assert_eq!(s.config.ttl, Duration::from_secs(60));
         assert_eq!(s.config.body_timeout, Duration::from_secs(2));
         assert_eq!(s.config.max_in_flight_orders, 8);
+        assert!(s.config.outbox);
         assert_eq!(
             s.server,
             ServerConfig {
@@ -349,10 +380,27 @@ mod tests {
             ("HEADER_READ_TIMEOUT_MS", "0"),
             ("BODY_TIMEOUT_MS", "ten"),
             ("DATABASE_URL", "oracle://x"),
+            ("OUTBOX", "yes"),
         ] {
             let err = settings(&[(name, value)]).unwrap_err();
             assert_eq!(err.variable, name);
             assert!(err.to_string().starts_with(name), "{err}");
         }
+    }
+
+    #[test]
+    fn the_outbox_needs_postgres() {
+        let err = settings(&[("OUTBOX", "true")]).unwrap_err();
+        assert_eq!(err.variable, "OUTBOX");
+        let err = settings(&[("OUTBOX", "true"), ("DATABASE_URL", "sqlite://o.db")]).unwrap_err();
+        assert_eq!(err.variable, "OUTBOX");
+        let pg = "postgres://postgres@127.0.0.1/test";
+        assert!(
+            settings(&[("OUTBOX", "TRUE"), ("DATABASE_URL", pg)])
+                .unwrap()
+                .config
+                .outbox
+        );
+        assert!(!settings(&[("OUTBOX", "false")]).unwrap().config.outbox);
     }
 }

@@ -26,6 +26,10 @@
 //! | `GET /openapi.json` | the OpenAPI document, generated from the code |
 //! | `/admin/idempotency/...` | with `ADMIN_TOKEN` set ([`admin_routes`]): the operator routes of [`tower_idempotency::admin`] (`GET /stats`, `GET`/`DELETE /keys/{key}?scope=..`, ..) behind `Authorization: Bearer <ADMIN_TOKEN>`, 401 without |
 //!
+//! With [`Config::outbox`] (`OUTBOX=true`, PostgreSQL only), `POST /orders` also inserts an
+//! `order.created` event into the `outbox` table, in the same transaction as the order and the
+//! saved answer; a relay publishes it (see `examples/chain`).
+//!
 //! Every answer carries an `x-request-id` (the client's, or a new UUID), each request runs in a
 //! `tower-http` trace span carrying it, and a request unanswered after [`REQUEST_TIMEOUT`] gets
 //! `408` (its work still finishes and is saved for the retry).
@@ -164,27 +168,42 @@ impl Db {
     }
 
     /// Create or upgrade the tables: the library's `idempotency_records` (tracked in
-    /// `_tower_idempotency_migrations`), then the example's `orders` (tracked in
-    /// [`MIGRATIONS_TABLE`]). Safe to run on every start.
+    /// `_tower_idempotency_migrations`), then the example's `orders`, and on PostgreSQL its
+    /// `outbox` (tracked in [`MIGRATIONS_TABLE`]). Safe to run on every start.
     pub async fn migrate(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         match self {
             Db::Postgres(pool) => {
                 PostgresStore::new(pool.clone()).migrate().await?;
-                migrator(include_str!("../migrations/postgres/0001_orders.sql"))
-                    .run(pool)
-                    .await?;
+                migrator(&[
+                    (
+                        "orders",
+                        include_str!("../migrations/postgres/0001_orders.sql"),
+                    ),
+                    (
+                        "outbox",
+                        include_str!("../migrations/postgres/0002_outbox.sql"),
+                    ),
+                ])
+                .run(pool)
+                .await?;
             }
             Db::Sqlite(pool) => {
                 SqliteStore::new(pool.clone()).migrate().await?;
-                migrator(include_str!("../migrations/sqlite/0001_orders.sql"))
-                    .run(pool)
-                    .await?;
+                migrator(&[(
+                    "orders",
+                    include_str!("../migrations/sqlite/0001_orders.sql"),
+                )])
+                .run(pool)
+                .await?;
             }
             Db::MySql(pool) => {
                 MySqlStore::new(pool.clone()).migrate().await?;
-                migrator(include_str!("../migrations/mysql/0001_orders.sql"))
-                    .run(pool)
-                    .await?;
+                migrator(&[(
+                    "orders",
+                    include_str!("../migrations/mysql/0001_orders.sql"),
+                )])
+                .run(pool)
+                .await?;
             }
         }
         Ok(())
@@ -221,15 +240,23 @@ impl Db {
     }
 }
 
-/// The example's migrations, tracked in their own table.
-fn migrator(sql: &'static str) -> Migrator {
-    let mut migrator = Migrator::with_migrations(vec![Migration::new(
-        1,
-        "orders".into(),
-        MigrationType::Simple,
-        sql.into_sql_str(),
-        false,
-    )]);
+/// The example's migrations, `(name, sql)` as versions 1, 2, .. in order, tracked in their own
+/// table.
+fn migrator(files: &[(&'static str, &'static str)]) -> Migrator {
+    let migrations = files
+        .iter()
+        .zip(1..)
+        .map(|(&(name, sql), version)| {
+            Migration::new(
+                version,
+                name.into(),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    let mut migrator = Migrator::with_migrations(migrations);
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator
 }
@@ -238,7 +265,17 @@ fn migrator(sql: &'static str) -> Migrator {
 /// the lease and retention of `config`.
 ///
 /// The tables must exist: call [`Db::migrate`] first.
+///
+/// # Panics
+///
+/// With [`Config::outbox`] on a database other than PostgreSQL, which has no outbox table
+/// ([`Settings::from_env`] refuses that combination with an error).
 pub fn app(db: Db, config: Config) -> Router {
+    assert!(
+        !config.outbox || matches!(db, Db::Postgres(_)),
+        "the outbox (OUTBOX=true) needs PostgreSQL; this database is {}",
+        db.kind()
+    );
     match db {
         Db::Postgres(pool) => postgres_app(pool, &config),
         Db::Sqlite(pool) => sqlite_app(pool, &config),
@@ -299,6 +336,7 @@ fn router<B: backend::Backend>(
     let state = routes::AppState {
         pool,
         payments: PaymentProvider::new(config.payment_latency),
+        outbox: config.outbox,
     };
     let metrics = telemetry::metrics_handle();
     let routes = Router::new()

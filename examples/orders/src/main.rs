@@ -11,6 +11,8 @@
 //! IDEMPOTENCY_TTL_SECS  86400   answers are replayed for this long
 //! BODY_TIMEOUT_MS       10000   408 for a POST /orders body slower than this
 //! MAX_IN_FLIGHT_ORDERS  64      POST /orders handled at once; more wait, bodies unread
+//! OUTBOX                false   true: each order also writes its order.created event to the
+//!                               outbox table, in the same transaction (PostgreSQL only)
 //! HEADER_READ_TIMEOUT_MS 10000  a request head (or the next one on an idle connection) must
 //!                               arrive within this, or the connection is closed
 //! MAX_CONNECTIONS       1024    connections served at once; more wait in the backlog

@@ -204,10 +204,11 @@ fn is_json(content_type: &HeaderValue) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
-/// The handlers' state: the pool and the payment provider.
+/// The handlers' state: the pool, the payment provider, and whether orders write an outbox event.
 pub(crate) struct AppState<B: sqlx::Database> {
     pub(crate) pool: Pool<B>,
     pub(crate) payments: PaymentProvider,
+    pub(crate) outbox: bool,
 }
 
 impl<B: sqlx::Database> Clone for AppState<B> {
@@ -215,13 +216,15 @@ impl<B: sqlx::Database> Clone for AppState<B> {
         Self {
             pool: self.pool.clone(),
             payments: self.payments,
+            outbox: self.outbox,
         }
     }
 }
 
 /// `POST /orders`: authorise the payment (passing the idempotency key onward), then insert the
-/// order in the idempotency transaction. The layer saves the 201 in the same transaction and
-/// commits both; a crash before that leaves neither.
+/// order (and, with the outbox, its `order.created` event) in the idempotency transaction. The
+/// layer saves the 201 in the same transaction and commits them all; a crash before that leaves
+/// none.
 ///
 /// The transaction is begun only after the payment provider answered, so a slow provider holds
 /// no database connection.
@@ -245,11 +248,13 @@ pub(crate) async fn create_order<B: Backend>(
     // A failed insert is never saved: 503 (database unavailable) is a status the layer does
     // not save, and the others are marked NotProcessed. The layer then rolls the transaction
     // back and releases the key, so a retry with the same key runs afresh.
-    B::insert_order(&tx, &order).await.map_err(|err| {
-        let mut problem = Problem::database(&err, Problem::order_refused);
-        problem.not_processed = true;
-        problem
-    })?;
+    B::insert_order(&tx, &order, state.outbox)
+        .await
+        .map_err(|err| {
+            let mut problem = Problem::database(&err, Problem::order_refused);
+            problem.not_processed = true;
+            problem
+        })?;
     // `?`: the customer id is the client's text, logged escaped so it cannot forge a line.
     tracing::info!(order_id = %order.order_id, customer_id = ?order.customer_id, total_cents = order.total_cents, "order created");
 

@@ -21,11 +21,10 @@ use http_body::Body;
 use tower_service::Service;
 
 use crate::{
-    body::{RequestBody, ResponseBody},
+    body::{BoxError, RequestBody, ResponseBody},
     config::Config,
     mode::{Mode, Standard},
     store::Store,
-    BoxError,
 };
 
 mod claim;

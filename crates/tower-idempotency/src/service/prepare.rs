@@ -9,11 +9,11 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::refuse::Refusal;
 use crate::{
+    body::BoxError,
     config::Config,
     error::Rejection,
     fingerprint::Fingerprint,
     key::{IdempotencyKey, KeyHash},
-    BoxError,
 };
 
 /// The key from its header: `None` when absent and the layer lets such requests through.

@@ -12,14 +12,13 @@ use tower_service::Service;
 
 use super::{heartbeat, Answer, Flow, RunState, Shared};
 use crate::{
-    body::{RequestBody, ResponseBody},
+    body::{BoxError, RequestBody, ResponseBody},
     config::Config,
     key::KeyHash,
     mode::Mode,
     observe::RequestRecord,
     retry_after::Running,
     store::FencingToken,
-    BoxError,
 };
 
 /// The claimed key: what the run needs to renew, save and release it.

@@ -30,6 +30,13 @@ use crate::key::KeyHash;
 mod dynamic;
 mod error;
 mod record;
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+))]
+mod time;
 pub use dynamic::{BoxFuture, DynStore, ErasedStore};
 pub use error::{StoreError, StoreErrorKind};
 pub use record::{

@@ -270,7 +270,12 @@ impl Fenced {
 
     /// `Applied` when `rows` (the number of records a token-checked statement touched) is non-zero.
     pub fn from_rows(rows: u64) -> Self {
-        if rows > 0 {
+        Self::applied_if(rows > 0)
+    }
+
+    /// `Applied` when `applied`.
+    pub(crate) fn applied_if(applied: bool) -> Self {
+        if applied {
             Fenced::Applied
         } else {
             Fenced::Lost

@@ -1,6 +1,6 @@
-//! The proof harness shared by the RabbitMQ and NATS tests: a fresh database, the events to
-//! publish, the consumer binary as a child process that is killed and restarted, and the final
-//! count.
+//! What the RabbitMQ and NATS tests share on top of the proof harness
+//! ([`broker_consumers_example::proof`]: the consumer binary as a child process that is killed and
+//! restarted): a fresh database, the events to publish, and the final count.
 //!
 //! URLs are read at run time; a missing variable fails the test with the variable's name.
 
@@ -8,20 +8,11 @@
 
 use std::{
     collections::HashSet,
-    future::Future,
-    process::Stdio,
     time::{Duration, Instant},
 };
 
-use sqlx::{
-    postgres::{PgConnectOptions, PgPoolOptions},
-    ConnectOptions, Connection, Executor, PgPool,
-};
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    process::{Child, Command},
-    sync::mpsc,
-};
+pub use broker_consumers_example::proof::{required_env, unique_name, Run, Tally};
+use sqlx::PgPool;
 
 /// Distinct events published.
 pub const EVENTS: usize = 5_000;
@@ -34,35 +25,10 @@ pub const SETTLED_BEFORE_KILL: usize = 900;
 /// The whole proof must finish within this.
 pub const DEADLINE: Duration = Duration::from_secs(120);
 
-/// `name`, or a panic that says how to set it.
-pub fn required_env(name: &str, example: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: export {name}={example}"))
-}
-
-/// A name no other run uses: `<prefix>_<uuid>`.
-pub fn unique_name(prefix: &str) -> String {
-    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
-}
-
 /// A freshly created PostgreSQL database of its own (named `tidem_*`, so `scripts/test.sh`
-/// drops it on its next run); returns its pool and URL.
+/// drops it on its next run), with the consumer's tables; returns its pool and URL.
 pub async fn fresh_database() -> (PgPool, String) {
-    let url = required_env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test");
-    let db = unique_name("tidem_brokers");
-    let mut admin = sqlx::PgConnection::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
-    admin
-        .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{db}""#)))
-        .await
-        .expect("create the test database");
-    let options: PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    let db_url = options.database(&db).to_url_lossy().to_string();
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&db_url)
-        .await
-        .expect("connect to the test database");
+    let (pool, db_url) = broker_consumers_example::proof::fresh_database("tidem_brokers", 4).await;
     // The consumer creates its tables too; the test reads `effects` before the first run ends.
     broker_consumers_example::migrate(&pool)
         .await
@@ -107,152 +73,6 @@ pub fn publications(prefix: &str) -> Vec<Publication> {
         all.insert(at, publication(n, true));
     }
     all
-}
-
-/// What the consumer runs reported, summed over every run.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Tally {
-    /// Deliveries settled (one `settled` line each).
-    pub settled: usize,
-    /// Applied now.
-    pub applied: usize,
-    /// Found already applied: the duplicates and redeliveries the consumer absorbed.
-    pub duplicate: usize,
-    /// Deliveries the broker flagged as redelivered.
-    pub redelivered: usize,
-    /// Parked or failed: none expected.
-    pub other: usize,
-}
-
-impl Tally {
-    fn count(&mut self, line: &str) {
-        let Some(rest) = line.strip_prefix("settled ") else {
-            return;
-        };
-        self.settled += 1;
-        if rest.contains(" outcome=applied ") {
-            self.applied += 1;
-        } else if rest.contains(" outcome=duplicate ") {
-            self.duplicate += 1;
-        } else {
-            self.other += 1;
-        }
-        if rest.ends_with(" redelivered=true") {
-            self.redelivered += 1;
-        }
-    }
-}
-
-/// One run of a consumer binary, its stdout lines arriving on a channel.
-pub struct Run {
-    child: Child,
-    lines: mpsc::UnboundedReceiver<String>,
-    /// Deliveries this run settled.
-    pub settled: usize,
-}
-
-impl Run {
-    /// Start `binary` with `envs`.
-    pub fn start(binary: &str, envs: &[(&str, String)]) -> Self {
-        let mut child = Command::new(binary)
-            .envs(envs.iter().map(|(k, v)| (k, v)))
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {binary}: {e}"));
-        let stdout = child.stdout.take().expect("the child's stdout");
-        let (tx, lines) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Self {
-            child,
-            lines,
-            settled: 0,
-        }
-    }
-
-    /// Count the lines that arrived so far; wait up to `wait` for the first of them.
-    async fn take_lines(&mut self, tally: &mut Tally, wait: Duration) {
-        if let Ok(Some(line)) = tokio::time::timeout(wait, self.lines.recv()).await {
-            self.count(tally, &line);
-        }
-        while let Ok(line) = self.lines.try_recv() {
-            self.count(tally, &line);
-        }
-    }
-
-    fn count(&mut self, tally: &mut Tally, line: &str) {
-        if line.starts_with("settled ") {
-            self.settled += 1;
-        }
-        tally.count(line);
-    }
-
-    /// Wait until this run has settled `deliveries`, then SIGKILL it mid-stream.
-    pub async fn kill_after(mut self, deliveries: usize, tally: &mut Tally, deadline: Instant) {
-        while self.settled < deliveries {
-            assert!(
-                Instant::now() < deadline,
-                "the consumer settled only {} deliveries before the deadline",
-                self.settled
-            );
-            assert!(
-                self.child.try_wait().expect("poll the child").is_none(),
-                "the consumer exited on its own after {} deliveries",
-                self.settled
-            );
-            self.take_lines(tally, Duration::from_millis(200)).await;
-        }
-        // tokio's kill is SIGKILL on Unix: no ack, no rollback, no goodbye to the broker.
-        self.child.kill().await.expect("SIGKILL the consumer");
-        self.take_lines(tally, Duration::ZERO).await;
-    }
-
-    /// Poll `done` until it holds, counting lines meanwhile; then SIGTERM the run, let it
-    /// finish what it holds, and collect its last lines.
-    pub async fn finish_when<F, Fut>(mut self, tally: &mut Tally, deadline: Instant, mut done: F)
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = bool>,
-    {
-        loop {
-            assert!(
-                Instant::now() < deadline,
-                "the stream was not consumed before the deadline ({tally:?})"
-            );
-            assert!(
-                self.child.try_wait().expect("poll the child").is_none(),
-                "the consumer exited on its own"
-            );
-            // The lines are the signal of progress; `done` asks the database and the broker.
-            self.take_lines(tally, Duration::from_millis(100)).await;
-            if done().await {
-                break;
-            }
-        }
-        let pid = self.child.id().expect("the child runs");
-        let term = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("send SIGTERM");
-        assert!(term.success(), "SIGTERM the consumer");
-        let status = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
-            .await
-            .expect("the consumer stops within 20 s of SIGTERM")
-            .expect("reap the consumer");
-        assert!(status.success(), "the consumer stopped cleanly: {status}");
-        while let Some(line) = self.lines.recv().await {
-            self.count(tally, &line);
-        }
-    }
 }
 
 /// How many distinct events have an effect.

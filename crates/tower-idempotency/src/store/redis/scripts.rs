@@ -1,7 +1,7 @@
 //! The Lua scripts (one file each under `scripts/`), how they are sent (`EVALSHA`, reloaded on
 //! `NOSCRIPT`) and how the claim script's reply is decoded.
 
-use std::{sync::LazyLock, time::Duration};
+use std::sync::LazyLock;
 
 use bytes::Bytes;
 use redis::{
@@ -9,7 +9,7 @@ use redis::{
     Value,
 };
 
-use crate::store::{ClaimOutcome, RecordInfo, StoreError, StoredResponse};
+use crate::store::{time::from_millis, ClaimOutcome, RecordInfo, StoreError, StoredResponse};
 
 /// A script that reads the clock: `prologue.lua` (which sets `now`), then `$file`.
 macro_rules! timed_script {
@@ -63,7 +63,7 @@ pub(super) fn record_info(reply: Value) -> Result<Option<RecordInfo>, StoreError
         items
             .next()
             .and_then(int_of)
-            .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+            .map(from_millis)
             .ok_or_else(corrupt)
     };
     let lease = millis()?;
@@ -163,7 +163,7 @@ pub(super) fn claim_outcome(reply: Value) -> Result<ClaimOutcome, StoreError> {
             taken_over: next_int()? != 0,
         }),
         b"inflight" => Ok(ClaimOutcome::InFlight {
-            lease_remaining: Duration::from_millis(u64::try_from(next_int()?).unwrap_or(0)),
+            lease_remaining: from_millis(next_int()?),
         }),
         b"mismatch" => Ok(ClaimOutcome::Mismatch),
         b"done" => {
@@ -208,7 +208,7 @@ mod tests {
         assert_eq!(
             claim_outcome(array(vec![bulk(b"inflight"), Value::Int(1500)])).unwrap(),
             ClaimOutcome::InFlight {
-                lease_remaining: Duration::from_millis(1500)
+                lease_remaining: std::time::Duration::from_millis(1500)
             }
         );
         assert_eq!(

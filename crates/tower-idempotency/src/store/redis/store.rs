@@ -12,6 +12,7 @@ use super::{
 use crate::{
     key::KeyHash,
     store::{
+        time::{from_millis, to_millis},
         Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreStats,
         StoredResponse,
     },
@@ -22,10 +23,6 @@ pub const DEFAULT_PREFIX: &str = "idempotency";
 
 /// How long [`RedisStore::lazy`] waits for a connection before the request fails.
 const LAZY_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The longest lease or TTL sent to Redis, in milliseconds (about 285 years). Longer durations
-/// are clamped so that the server's arithmetic stays exact.
-const MAX_MILLIS: u64 = 1 << 53;
 
 /// Stands in for a wait timeout too large to add to the clock (about 30 years).
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
@@ -197,7 +194,7 @@ impl RedisStore {
     /// Whether a one-key script that answers 1 or 0 changed the record.
     async fn fenced(&self, invocation: &ScriptInvocation<'_>) -> Result<Fenced, StoreError> {
         match self.conn.invoke(invocation).await? {
-            Value::Int(n) => Ok(Fenced::from_rows(u64::from(n > 0))),
+            Value::Int(n) => Ok(Fenced::applied_if(n > 0)),
             _ => Err(StoreError::corrupt("unexpected reply from a redis script")),
         }
     }
@@ -207,16 +204,10 @@ impl RedisStore {
     async fn lease_remaining(&self, key: &KeyHash) -> Result<Duration, StoreError> {
         let invocation = PEEK.key(self.record_key(key));
         match self.conn.invoke(&invocation).await? {
-            Value::Int(ms) => Ok(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+            Value::Int(ms) => Ok(from_millis(ms)),
             _ => Err(StoreError::corrupt("unexpected reply from a redis script")),
         }
     }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis())
-        .unwrap_or(MAX_MILLIS)
-        .min(MAX_MILLIS)
 }
 
 impl Store for RedisStore {
@@ -229,8 +220,8 @@ impl Store for RedisStore {
         invocation
             .arg(claim.fingerprint.to_hex())
             .arg(claim.token.to_string())
-            .arg(millis(claim.lease))
-            .arg(millis(claim.ttl).max(1));
+            .arg(to_millis(claim.lease))
+            .arg(to_millis(claim.ttl).max(1));
         claim_outcome(self.conn.invoke(&invocation).await?)
     }
 
@@ -241,7 +232,7 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> Result<Fenced, StoreError> {
         let mut invocation = RENEW.key(self.record_key(key));
-        invocation.arg(token.to_string()).arg(millis(lease));
+        invocation.arg(token.to_string()).arg(to_millis(lease));
         self.fenced(&invocation).await
     }
 
@@ -438,16 +429,5 @@ impl RedisStore {
                 .strip_prefix(":{")?
                 .strip_suffix('}')?,
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_are_clamped() {
-        assert_eq!(millis(Duration::from_millis(1500)), 1500);
-        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
     }
 }

@@ -8,8 +8,9 @@ use std::{future::Future, marker::PhantomData, sync::Arc, time::Duration};
 use bytes::Bytes;
 use sqlx::{
     error::BoxDynError,
-    migrate::{Migration, MigrationType, Migrator},
-    Arguments, ColumnIndex, Database, Decode, Encode, Row, SqlSafeStr, Type,
+    migrate::{Migrate, MigrateError, Migration, MigrationType, Migrator},
+    Arguments, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row,
+    SqlSafeStr, Type,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -18,7 +19,8 @@ use crate::{
     key::KeyHash,
     store::{
         error::{StoreError, StoreErrorKind},
-        record::{Claim, ClaimOutcome, FencingToken, StoreStats, StoredResponse},
+        record::{Claim, ClaimOutcome, FencingToken, RecordInfo, StoreStats, StoredResponse},
+        time,
     },
 };
 
@@ -80,6 +82,112 @@ pub(super) fn migrator(migrations: &[(i64, &'static str, &'static str)]) -> Migr
     migrator
 }
 
+/// Run `migrator` on `pool`, up to `attempts` times while a run fails because another process
+/// applied the same migration meanwhile (SQLite, which has no migration lock; PostgreSQL and
+/// MySQL take one and pass 1).
+pub(super) async fn migrate<DB>(
+    pool: &Pool<DB>,
+    migrator: &Migrator,
+    attempts: usize,
+) -> Result<(), StoreError>
+where
+    DB: Database,
+    DB::Connection: Migrate,
+{
+    let mut attempt = 1;
+    loop {
+        match migrator.run(pool).await {
+            Ok(()) => return Ok(()),
+            Err(MigrateError::Execute(_) | MigrateError::ExecuteMigration(..))
+                if attempt < attempts =>
+            {
+                attempt += 1;
+            }
+            Err(err) => return Err(StoreError::new(StoreErrorKind::Migration, err)),
+        }
+    }
+}
+
+/// How many rows a statement wrote, whichever the database.
+pub(super) trait RowsAffected {
+    fn rows(&self) -> u64;
+}
+
+macro_rules! rows_affected {
+    ($($feature:literal => $result:ty),*) => {$(
+        #[cfg(feature = $feature)]
+        impl RowsAffected for $result {
+            fn rows(&self) -> u64 {
+                self.rows_affected()
+            }
+        }
+    )*};
+}
+
+rows_affected!(
+    "postgres" => sqlx::postgres::PgQueryResult,
+    "sqlite" => sqlx::sqlite::SqliteQueryResult,
+    "mysql" => sqlx::mysql::MySqlQueryResult
+);
+
+/// Release, in a task of its own, a claim that won for a request that is gone (see
+/// [`batch`]'s Dropped requests): `release` is the store's token-checked delete. A failure is only
+/// logged: the claim's lease frees the key.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(super) fn release_abandoned(
+    release: impl Future<Output = Result<(), StoreError>> + Send + 'static,
+) {
+    tokio::spawn(async move {
+        if let Err(err) = release.await {
+            tracing::debug!(
+                target: "tower_idempotency",
+                error = %err,
+                "releasing the claim of a dropped request failed; its lease frees the key"
+            );
+        }
+    });
+}
+
+/// What `check_schema` names when the table is missing or old: the table, the store whose
+/// `migrate()` creates it, and the folder and files of the repository's `migrations/` to apply.
+pub(super) struct Schema {
+    pub(super) store: &'static str,
+    pub(super) folder: &'static str,
+    pub(super) files: &'static str,
+}
+
+/// Run `check` (a statement that reads every column the store uses and no row); a failure is a
+/// [`StoreErrorKind::Migration`] naming what to run or apply.
+pub(super) async fn check_schema<DB>(
+    pool: &Pool<DB>,
+    check: impl SqlSafeStr,
+    table: &str,
+    schema: &Schema,
+) -> Result<(), StoreError>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+{
+    sqlx::query::<DB>(check)
+        .execute(pool)
+        .await
+        .map(drop)
+        .map_err(|err| {
+            let Schema {
+                store,
+                folder,
+                files,
+            } = schema;
+            StoreError::new(
+                StoreErrorKind::Migration,
+                format!(
+                    "the table {table} is missing or not current ({err}); call {store}::migrate() at startup, or apply migrations/{folder}/ ({files}) with your migration tool"
+                ),
+            )
+        })
+}
+
 /// The parameters both stores bind and the claim row both read, written once so that the two
 /// files' SQL numbers its parameters and names its columns alike (`DB` is `Postgres` or
 /// `Sqlite`; each store names its own as `Codec`).
@@ -109,8 +217,6 @@ where
         })
     }
 
-    // PostgreSQL writes held records in batches of arrays (postgres/batch.rs).
-    #[cfg(any(feature = "sqlite", feature = "mysql"))]
     /// The parameters of a write on the record held with `token` (`release`): 1 key, 2 token.
     pub(super) fn held(key: &KeyHash, token: FencingToken) -> Result<DB::Arguments, StoreError> {
         Self::encoded(|args| {
@@ -207,6 +313,66 @@ where
         }
     }
 
+    /// The parameters of an operator's read or delete of one record: 1 key.
+    fn key(key: &KeyHash) -> Result<DB::Arguments, StoreError> {
+        Self::encoded(|args| args.add(key.as_bytes().as_slice()))
+    }
+
+    /// Operators: the record of `key` as `get` reads it, whose columns are `state`, `status`,
+    /// `headers`, `body`, `lease_ms` and `expires_ms` (the times left by the database's clock).
+    /// Owned arguments, so the future can run in a task of its own (MySQL's `detached`).
+    pub(super) async fn get(
+        pool: Pool<DB>,
+        get: impl SqlSafeStr,
+        key: KeyHash,
+    ) -> Result<Option<RecordInfo>, StoreError>
+    where
+        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+        DB::Arguments: IntoArguments<DB>,
+    {
+        let row = sqlx::query_with(get, Self::key(&key)?)
+            .fetch_optional(&pool)
+            .await?;
+        row.as_ref().map(Self::record_info).transpose()
+    }
+
+    /// Operators: delete the record of `key` with `forget`; `true` when there was one.
+    pub(super) async fn forget(
+        pool: Pool<DB>,
+        forget: impl SqlSafeStr,
+        key: KeyHash,
+    ) -> Result<bool, StoreError>
+    where
+        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+        DB::Arguments: IntoArguments<DB>,
+        DB::QueryResult: RowsAffected,
+    {
+        let done = sqlx::query_with(forget, Self::key(&key)?)
+            .execute(&pool)
+            .await?;
+        Ok(done.rows() > 0)
+    }
+
+    /// A row of a store's `GET` as the record it describes.
+    fn record_info(row: &DB::Row) -> Result<RecordInfo, StoreError> {
+        let expires_in = remaining(row.try_get("expires_ms")?);
+        match row.try_get::<&str, _>("state")? {
+            "running" => Ok(RecordInfo::running(
+                remaining(row.try_get("lease_ms")?),
+                expires_in,
+            )),
+            "done" => Ok(RecordInfo::done(
+                saved_response(
+                    row.try_get("status")?,
+                    row.try_get("headers")?,
+                    row.try_get("body")?,
+                )?,
+                expires_in,
+            )),
+            _ => Err(StoreError::corrupt("a record has an unknown state")),
+        }
+    }
+
     /// Arguments filled by `add`, apart from any query so that `query_with` and
     /// `query_scalar_with` take them alike. A value that fails to encode is the driver's
     /// encoding error, as from `bind`, only reported before the statement is sent.
@@ -219,21 +385,15 @@ where
     }
 }
 
-/// The longest lease or retention the store writes: 100 years, far beyond any useful setting
-/// and far inside the range of a timestamp.
-pub(super) const MAX_MILLIS: i64 = 100 * 365 * 24 * 60 * 60 * 1000;
-
 /// A duration in whole milliseconds for the SQL, at least 1 (a zero lease would make a claim
-/// indistinguishable from a takeover) and at most [`MAX_MILLIS`].
+/// indistinguishable from a takeover) and at most [`MAX_MILLIS`](crate::store::time::MAX_MILLIS).
 pub(super) fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis())
-        .unwrap_or(MAX_MILLIS)
-        .clamp(1, MAX_MILLIS)
+    i64::try_from(time::to_millis(duration).max(1)).unwrap_or(i64::MAX)
 }
 
-/// The lease left, from the milliseconds the claim computed.
+/// The time left, from the milliseconds a statement computed (none: nothing left).
 fn remaining(ms: Option<i64>) -> Duration {
-    Duration::from_millis(ms.and_then(|ms| u64::try_from(ms).ok()).unwrap_or(0))
+    ms.map_or(Duration::ZERO, time::from_millis)
 }
 
 /// The saved response of a `done` record.
@@ -303,7 +463,7 @@ mod tests {
         assert_eq!(millis(Duration::ZERO), 1);
         assert_eq!(millis(Duration::from_micros(1500)), 1);
         assert_eq!(millis(Duration::from_secs(30)), 30_000);
-        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
+        assert_eq!(millis(Duration::MAX), 100 * 365 * 24 * 60 * 60 * 1000);
     }
 
     #[test]

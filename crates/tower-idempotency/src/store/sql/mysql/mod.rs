@@ -197,10 +197,7 @@ impl MySqlStore {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        migrator()
-            .run(&self.inner.pool)
-            .await
-            .map_err(|err| StoreError::new(StoreErrorKind::Migration, err))
+        sql::migrate(&self.inner.pool, &migrator(), 1).await
     }
 
     /// Check, without changing anything, that `idempotency_records` exists with every column
@@ -213,20 +210,22 @@ impl MySqlStore {
     /// # }
     /// ```
     pub async fn check_schema(&self) -> Result<(), StoreError> {
-        sqlx::query(CHECK_SCHEMA)
-            .execute(&self.inner.pool)
-            .await
-            .map(drop)
-            .map_err(|err| {
-                StoreError::new(
-                    StoreErrorKind::Migration,
-                    format!(
-                        "the table idempotency_records is missing or not current ({err}); call MySqlStore::migrate() at startup, or apply migrations/mysql/ (0001_idempotency_records.sql) with your migration tool"
-                    ),
-                )
-            })
+        sql::check_schema(
+            &self.inner.pool,
+            CHECK_SCHEMA,
+            "idempotency_records",
+            &SCHEMA,
+        )
+        .await
     }
 }
+
+/// What `check_schema` tells to run or apply.
+const SCHEMA: sql::Schema = sql::Schema {
+    store: "MySqlStore",
+    folder: "mysql",
+    files: "0001_idempotency_records.sql",
+};
 
 fn migrator() -> Migrator {
     sql::migrator(&[(
@@ -253,7 +252,7 @@ impl Store for MySqlStore {
         let claim = claim.clone();
         let pool = self.inner.pool.clone();
         // Both statements on one connection: each pool checkout costs sqlx a ping.
-        detached(async move {
+        detached::<_, sqlx::Error>(async move {
             let mut conn = pool.acquire().await?;
             for _ in 0..CLAIM_ATTEMPTS {
                 let live = sqlx::query(LIVE)
@@ -339,20 +338,15 @@ impl Store for MySqlStore {
     }
 
     async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
-        let read = sqlx::query(GET).bind(key.as_bytes().to_vec());
-        let pool = self.inner.pool.clone();
-        let row = detached(async move { read.fetch_optional(&pool).await }).await?;
-        row.as_ref().map(record_info).transpose()
+        detached(Codec::get(self.inner.pool.clone(), GET, *key)).await
     }
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
-        let write = sqlx::query(FORGET).bind(key.as_bytes().to_vec());
-        let pool = self.inner.pool.clone();
-        let done = detached(async move { write.execute(&pool).await }).await?;
-        Ok(self
-            .inner
-            .announce(key, Fenced::from_rows(done.rows_affected()))
-            .applied())
+        let forgot = detached(Codec::forget(self.inner.pool.clone(), FORGET, *key)).await?;
+        if forgot {
+            self.inner.waiters.wake(key);
+        }
+        Ok(forgot)
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
@@ -360,30 +354,6 @@ impl Store for MySqlStore {
         let pool = self.inner.pool.clone();
         let row = detached(async move { read.fetch_one(&pool).await }).await?;
         sql::stats_of(row)
-    }
-}
-
-/// A row of [`GET`] as the record it describes.
-fn record_info(row: &sqlx::mysql::MySqlRow) -> Result<RecordInfo, StoreError> {
-    use sqlx::Row;
-    let millis = |column: &str| -> Result<Duration, StoreError> {
-        Ok(Duration::from_millis(
-            u64::try_from(row.try_get::<i64, _>(column)?).unwrap_or(0),
-        ))
-    };
-    let expires_in = millis("expires_ms")?;
-    match row.try_get::<&str, _>("state")? {
-        "running" => Ok(RecordInfo::running(millis("lease_ms")?, expires_in)),
-        "done" => {
-            let status: i32 = row.try_get("status")?;
-            let status = u16::try_from(status)
-                .map_err(|_| StoreError::corrupt("a saved status is out of range"))?;
-            let headers: Vec<u8> = row.try_get("headers")?;
-            let body: Vec<u8> = row.try_get("body")?;
-            let response = StoredResponse::from_parts(status, &headers, body.into())?;
-            Ok(RecordInfo::done(response, expires_in))
-        }
-        _ => Err(StoreError::corrupt("a record has an unknown state")),
     }
 }
 
@@ -435,9 +405,12 @@ impl Inner {
 /// its own task the statement runs to its end and returns the connection whole; its result, if
 /// nobody waits any more, is dropped. The layer already accounts for a write that lands after its
 /// timeout (a claim that lands late holds the key until its lease lapses).
-async fn detached<T: Send + 'static>(
-    statement: impl Future<Output = Result<T, sqlx::Error>> + Send + 'static,
-) -> Result<T, StoreError> {
+async fn detached<T: Send + 'static, E: Send + 'static>(
+    statement: impl Future<Output = Result<T, E>> + Send + 'static,
+) -> Result<T, StoreError>
+where
+    StoreError: From<E>,
+{
     match tokio::spawn(statement).await {
         Ok(result) => Ok(result?),
         Err(err) => Err(StoreError::new(StoreErrorKind::Backend, err)),

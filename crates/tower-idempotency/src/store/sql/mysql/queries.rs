@@ -5,7 +5,7 @@
 //! differ, the comment says which form is used and why.
 
 use crate::{
-    key::KeyHash,
+    key::{self, KeyHash},
     store::record::{FencingToken, StoredResponse},
 };
 
@@ -109,12 +109,8 @@ pub(super) fn complete_text(
 
 /// `bytes` as a MySQL hex literal, `X'..'` (`X''` is the empty string, a valid empty body).
 fn push_hex(sql: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     sql.push_str("X'");
-    for byte in bytes {
-        sql.push(char::from(DIGITS[usize::from(byte >> 4)]));
-        sql.push(char::from(DIGITS[usize::from(byte & 0xf)]));
-    }
+    key::push_hex(sql, bytes);
     sql.push('\'');
 }
 

@@ -15,7 +15,7 @@ use super::{queries::RELEASE, Codec, CHANNEL, CLAIM_ATTEMPTS};
 use crate::{
     key::KeyHash,
     store::{
-        sql::{batch::Runner, millis},
+        sql::{self, batch::Runner, millis},
         Claim, ClaimOutcome, Fenced, FencingToken, StoreError, StoreErrorKind,
     },
 };
@@ -24,7 +24,7 @@ use crate::{
 /// before its entries are failed with [`StoreErrorKind::Conflict`].
 const CONFLICT_ATTEMPTS: usize = 3;
 
-/// Claim many keys in one statement: [`CLAIM`](super::queries::CLAIM) with every entry's parameters in
+/// Claim many keys in one statement: the one-key claim (`claim_sql!` in `queries.rs`) with every entry's parameters in
 /// arrays.
 ///
 /// `live`, `claimed` and `existing` are the one-key statement's, joined on the entry's number
@@ -198,19 +198,10 @@ impl Runner for Claims {
             return;
         }
         let pool = self.pool.clone();
-        tokio::spawn(async move {
-            let released = sqlx::query(RELEASE)
-                .bind(claim.key.as_bytes().as_slice())
-                .bind(claim.token.as_uuid())
-                .execute(&pool)
-                .await;
-            if let Err(err) = released {
-                tracing::debug!(
-                    target: "tower_idempotency",
-                    error = %err,
-                    "releasing the claim of a dropped request failed; its lease frees the key"
-                );
-            }
+        sql::release_abandoned(async move {
+            let held = Codec::held(&claim.key, claim.token)?;
+            sqlx::query_with(RELEASE, held).execute(&pool).await?;
+            Ok(())
         });
     }
 }
@@ -324,9 +315,9 @@ impl Runner for Writes {
         Ok(writes
             .iter()
             .map(|w| {
-                Ok(Fenced::from_rows(u64::from(
+                Ok(Fenced::applied_if(
                     applied.contains_key(&(w.key.0, w.token.as_uuid())),
-                )))
+                ))
             })
             .collect())
     }

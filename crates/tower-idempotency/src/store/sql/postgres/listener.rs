@@ -126,7 +126,7 @@ async fn listen(pool: PgPool, waiters: Arc<Waiters>, listening: Arc<watch::Sende
     loop {
         match listener.try_recv().await {
             Ok(Some(notification)) => {
-                if let Some(key) = parse_key_hex(notification.payload()) {
+                if let Some(key) = KeyHash::from_hex(notification.payload()) {
                     waiters.wake(&key);
                 }
             }
@@ -146,20 +146,6 @@ async fn listen(pool: PgPool, waiters: Arc<Waiters>, listening: Arc<watch::Sende
     }
 }
 
-/// A key hash from the hex text of a notification; `None` for anything else on the channel.
-fn parse_key_hex(hex: &str) -> Option<KeyHash> {
-    let hex = hex.as_bytes();
-    if hex.len() != 64 {
-        return None;
-    }
-    let mut key = [0u8; 32];
-    for (byte, pair) in key.iter_mut().zip(hex.chunks_exact(2)) {
-        let digit = |c: u8| (c as char).to_digit(16);
-        *byte = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
-    }
-    Some(KeyHash(key))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,10 +153,10 @@ mod tests {
     #[test]
     fn notification_payloads_parse_as_key_hashes() {
         let key = KeyHash([0xab; 32]);
-        assert_eq!(parse_key_hex(&key.to_hex()), Some(key));
-        assert_eq!(parse_key_hex(&"AB".repeat(32)), Some(key));
-        assert_eq!(parse_key_hex("abc"), None);
-        assert_eq!(parse_key_hex(&"zz".repeat(32)), None);
-        assert_eq!(parse_key_hex(&"é".repeat(32)), None);
+        assert_eq!(KeyHash::from_hex(&key.to_hex()), Some(key));
+        assert_eq!(KeyHash::from_hex(&"AB".repeat(32)), Some(key));
+        assert_eq!(KeyHash::from_hex("abc"), None);
+        assert_eq!(KeyHash::from_hex(&"zz".repeat(32)), None);
+        assert_eq!(KeyHash::from_hex(&"é".repeat(32)), None);
     }
 }

@@ -125,7 +125,7 @@ type Codec = sql::Codec<Postgres>;
 const CHANNEL: &str = "tower_idempotency";
 
 /// How many times a claim is retried when it raced with an insert it could not see (see
-/// [`queries::CLAIM`]). Two attempts settle it in practice; more only guard against pathological churn.
+/// `claim_sql!` in `queries.rs`). Two attempts settle it in practice; more only guard against pathological churn.
 const CLAIM_ATTEMPTS: usize = 8;
 /// A [`Store`] on PostgreSQL, through an sqlx [`PgPool`].
 ///
@@ -231,10 +231,7 @@ impl PostgresStore {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        migrator()
-            .run(&self.inner.pool)
-            .await
-            .map_err(|err| StoreError::new(StoreErrorKind::Migration, err))
+        sql::migrate(&self.inner.pool, &migrator(), 1).await
     }
 
     /// Check, without changing anything, that the table this store writes exists with every
@@ -250,18 +247,13 @@ impl PostgresStore {
     /// # }
     /// ```
     pub async fn check_schema(&self) -> Result<(), StoreError> {
-        sqlx::query(CHECK_SCHEMA)
-            .execute(&self.inner.pool)
-            .await
-            .map(drop)
-            .map_err(|err| {
-                StoreError::new(
-                    StoreErrorKind::Migration,
-                    format!(
-                        "the table idempotency_records is missing or not current ({err}); call PostgresStore::migrate() at startup, or apply migrations/postgres/ (0001_idempotency_records.sql and 0002_watched.sql) with your migration tool"
-                    ),
-                )
-            })
+        sql::check_schema(
+            &self.inner.pool,
+            CHECK_SCHEMA,
+            "idempotency_records",
+            &SCHEMA,
+        )
+        .await
     }
 }
 
@@ -289,6 +281,13 @@ fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
         .test_before_acquire(false)
         .connect_lazy_with(options)
 }
+
+/// What `check_schema` tells to run or apply.
+const SCHEMA: sql::Schema = sql::Schema {
+    store: "PostgresStore",
+    folder: "postgres",
+    files: "0001_idempotency_records.sql and 0002_watched.sql",
+};
 
 fn migrator() -> Migrator {
     sql::migrator(&[
@@ -388,19 +387,11 @@ impl Store for PostgresStore {
     }
 
     async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
-        let row = sqlx::query(GET)
-            .bind(key.as_bytes().as_slice())
-            .fetch_optional(&self.inner.pool)
-            .await?;
-        row.as_ref().map(record_info).transpose()
+        Codec::get(self.inner.pool.clone(), GET, *key).await
     }
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
-        let deleted = sqlx::query(FORGET)
-            .bind(key.as_bytes().as_slice())
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(deleted.rows_affected() > 0)
+        Codec::forget(self.inner.pool.clone(), FORGET, *key).await
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
@@ -491,28 +482,4 @@ fn raced() -> StoreError {
         StoreErrorKind::Backend,
         "the claim kept racing with concurrent inserts",
     )
-}
-
-/// A row of [`GET`] as the record it describes.
-fn record_info(row: &sqlx::postgres::PgRow) -> Result<RecordInfo, StoreError> {
-    use sqlx::Row;
-    let millis = |column: &str| -> Result<Duration, StoreError> {
-        Ok(Duration::from_millis(
-            row.try_get::<i64, _>(column)?.max(0) as u64
-        ))
-    };
-    let expires_in = millis("expires_ms")?;
-    match row.try_get::<&str, _>("state")? {
-        "running" => Ok(RecordInfo::running(millis("lease_ms")?, expires_in)),
-        "done" => {
-            let status: i32 = row.try_get("status")?;
-            let status = u16::try_from(status)
-                .map_err(|_| StoreError::corrupt("a saved status is out of range"))?;
-            let headers: Vec<u8> = row.try_get("headers")?;
-            let body: Vec<u8> = row.try_get("body")?;
-            let response = StoredResponse::from_parts(status, &headers, body.into())?;
-            Ok(RecordInfo::done(response, expires_in))
-        }
-        _ => Err(StoreError::corrupt("a record has an unknown state")),
-    }
 }

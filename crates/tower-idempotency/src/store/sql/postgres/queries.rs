@@ -1,8 +1,35 @@
 //! The SQL of the PostgreSQL store, one statement per operation (the batched forms are in
 //! `batch.rs`). Parameters are numbered (`$1`), and each statement's comment says what it binds.
 
-/// The claim statement, with extra CTEs first (`$lock`), a condition on the writes (`$gate`)
-/// and extra outcomes last (`$tail`): one text for both claims, checked by the compiler.
+/// The claim in one statement, with extra CTEs first (`$lock`), a condition on the writes
+/// (`$gate`) and extra outcomes last (`$tail`), checked by the compiler.
+///
+/// `live` reads the record as this statement's snapshot sees it, without a lock. A live record
+/// that cannot be claimed (another fingerprint, `done`, or `running` with a valid lease) answers
+/// at once: those states hold until the record expires (a lease can only lapse, which the next
+/// claim handles), so no lock is needed to report them. Replays, duplicates in flight and
+/// mismatches are read-only statements: no transaction id, no WAL flush, no row lock that
+/// concurrent replays of one hot key would queue on.
+///
+/// Otherwise `claimed` inserts the record, or overwrites it when it has expired (a fresh claim,
+/// any fingerprint) or when it is running with a lapsed lease and the same fingerprint (a
+/// takeover: new token and lease, original `created_at` and `expires_at`). `created_at <> now()`
+/// in its `RETURNING` tells a takeover from a fresh claim: a fresh claim writes `now()`, a
+/// takeover keeps a `created_at` at least one lease older. The decision to run the handler is
+/// made only here, under the primary key's conflict check, never by the unlocked read.
+///
+/// When that `WHERE` fails (another attempt changed the row after the snapshot), `ON CONFLICT`
+/// has locked the latest version of the row, and `existing` reads it `FOR SHARE`: under READ
+/// COMMITTED a locking read follows the row to its latest committed version. `existing` runs
+/// only when `live` and `claimed` are empty (one-time filters), so it never touches a row this
+/// statement wrote.
+///
+/// One case remains: a row inserted by a transaction that committed after the snapshot. `ON
+/// CONFLICT` waits for it and sees it, but no read in this statement can: the statement returns
+/// no row, and the caller runs it again with a fresh snapshot.
+///
+/// Its one use is [`CLAIM_LOCKED`] (single-commit mode); outside single-commit mode the store
+/// claims with [`CLAIM_MANY`](super::batch::CLAIM_MANY), the same statement for many keys at once.
 macro_rules! claim_sql {
     ($lock:literal, $gate:literal, $tail:literal) => {
         concat!(
@@ -71,38 +98,7 @@ FROM found"#,
     };
 }
 
-/// Claim in one statement.
-///
-/// `live` reads the record as this statement's snapshot sees it, without a lock. A live record
-/// that cannot be claimed (another fingerprint, `done`, or `running` with a valid lease) answers
-/// at once: those states hold until the record expires (a lease can only lapse, which the next
-/// claim handles), so no lock is needed to report them. Replays, duplicates in flight and
-/// mismatches are read-only statements: no transaction id, no WAL flush, no row lock that
-/// concurrent replays of one hot key would queue on.
-///
-/// Otherwise `claimed` inserts the record, or overwrites it when it has expired (a fresh claim,
-/// any fingerprint) or when it is running with a lapsed lease and the same fingerprint (a
-/// takeover: new token and lease, original `created_at` and `expires_at`). `created_at <> now()`
-/// in its `RETURNING` tells a takeover from a fresh claim: a fresh claim writes `now()`, a
-/// takeover keeps a `created_at` at least one lease older. The decision to run the handler is
-/// made only here, under the primary key's conflict check, never by the unlocked read.
-///
-/// When that `WHERE` fails (another attempt changed the row after the snapshot), `ON CONFLICT`
-/// has locked the latest version of the row, and `existing` reads it `FOR SHARE`: under READ
-/// COMMITTED a locking read follows the row to its latest committed version. `existing` runs
-/// only when `live` and `claimed` are empty (one-time filters), so it never touches a row this
-/// statement wrote.
-///
-/// One case remains: a row inserted by a transaction that committed after the snapshot. `ON
-/// CONFLICT` waits for it and sees it, but no read in this statement can: the statement returns
-/// no row, and [`PostgresStore::claim`](super::PostgresStore) runs it again with a fresh snapshot.
-///
-/// [`CLAIM_MANY`](super::batch::CLAIM_MANY) is this statement for many keys at once, which is how the store claims
-/// outside single-commit mode.
-#[allow(dead_code)]
-pub(super) const CLAIM: &str = claim_sql!("", "", "");
-
-/// [`CLAIM`] inside the handler's transaction, for single-commit mode: the claim is gated by a
+/// The claim of [`claim_sql!`] inside the handler's transaction, for single-commit mode: the claim is gated by a
 /// transaction-scoped advisory lock on `$6` (the key hash's first eight bytes), taken without
 /// waiting. The lock is the "running" marker: it is held until the transaction commits or rolls
 /// back, and the uncommitted row is invisible to others. When another transaction holds it, the

@@ -19,7 +19,10 @@ use super::{
 };
 use crate::{
     key::KeyHash,
-    store::{sql::batch::Runner, Claim, ClaimOutcome, Fenced, FencingToken, StoreError},
+    store::{
+        sql::{self, batch::Runner},
+        Claim, ClaimOutcome, Fenced, FencingToken, StoreError,
+    },
 };
 
 /// One write queued for a batch.
@@ -94,23 +97,13 @@ impl Runner for Writes {
             return;
         };
         let writes = self.clone();
-        tokio::spawn(async move {
+        sql::release_abandoned(async move {
             let _writer = writes.writers.lock().await;
-            let released = async {
-                let held = Codec::held(&claim.key, claim.token)?;
-                sqlx::query_with(RELEASE, held)
-                    .execute(&writes.pool)
-                    .await?;
-                Ok::<_, StoreError>(())
-            }
-            .await;
-            if let Err(err) = released {
-                tracing::debug!(
-                    target: "tower_idempotency",
-                    error = %err,
-                    "releasing the claim of a dropped request failed; its lease frees the key"
-                );
-            }
+            let held = Codec::held(&claim.key, claim.token)?;
+            sqlx::query_with(RELEASE, held)
+                .execute(&writes.pool)
+                .await?;
+            Ok(())
         });
     }
 }

@@ -52,7 +52,7 @@
 //! while the previous batch held the write lock, each entry's own statement in arrival order.
 //! One journal sync and one hold of the write lock serve the whole batch; a lone request finds an
 //! empty queue and runs at once. [`Batching`] sets the largest batch and the queue's bound (a
-//! full queue answers [`StoreErrorKind::Full`], 503); SQLite has one writer, so batches never
+//! full queue answers [`StoreErrorKind::Full`](crate::store::StoreErrorKind::Full), 503); SQLite has one writer, so batches never
 //! overlap whatever the pipeline setting. [`SqliteStore::batch_stats`] tells how much was shared.
 //! In transactional mode the claim is batched, and the handler's own transaction keeps its turn
 //! in the writer queue.
@@ -85,7 +85,7 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use sqlx::{
-    migrate::{MigrateError, Migrator},
+    migrate::Migrator,
     sqlite::{Sqlite, SqlitePool},
 };
 use tokio::{sync::Mutex, time::Instant};
@@ -95,7 +95,7 @@ pub use sqlx;
 use crate::{
     key::KeyHash,
     store::{
-        error::{StoreError, StoreErrorKind},
+        error::StoreError,
         record::{
             Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
         },
@@ -216,26 +216,14 @@ impl SqliteStore {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let migrator = migrator();
-        let mut attempt = 1;
-        loop {
-            match migrator.run(&self.inner.pool).await {
-                Ok(()) => return Ok(()),
-                Err(MigrateError::Execute(_) | MigrateError::ExecuteMigration(..))
-                    if attempt < MIGRATE_ATTEMPTS =>
-                {
-                    attempt += 1;
-                }
-                Err(err) => return Err(StoreError::new(StoreErrorKind::Migration, err)),
-            }
-        }
+        sql::migrate(&self.inner.pool, &migrator(), MIGRATE_ATTEMPTS).await
     }
 
     /// Check, without changing anything, that the table this store writes exists with every
     /// column this version uses: for startup, when the schema is applied by your own migration
     /// tool (the SQL is in the repository's `migrations/sqlite/`) instead of [`migrate`](Self::migrate).
     ///
-    /// Fails with [`StoreErrorKind::Migration`] and a message naming the migrations to apply
+    /// Fails with [`StoreErrorKind::Migration`](crate::store::StoreErrorKind::Migration) and a message naming the migrations to apply
     /// when the table is missing or older than this version.
     ///
     /// ```no_run
@@ -244,20 +232,22 @@ impl SqliteStore {
     /// # }
     /// ```
     pub async fn check_schema(&self) -> Result<(), StoreError> {
-        sqlx::query(CHECK_SCHEMA)
-            .execute(&self.inner.pool)
-            .await
-            .map(drop)
-            .map_err(|err| {
-                StoreError::new(
-                    StoreErrorKind::Migration,
-                    format!(
-                        "the table idempotency_records is missing or not current ({err}); call SqliteStore::migrate() at startup, or apply migrations/sqlite/ (0001_idempotency_records.sql) with your migration tool"
-                    ),
-                )
-            })
+        sql::check_schema(
+            &self.inner.pool,
+            CHECK_SCHEMA,
+            "idempotency_records",
+            &SCHEMA,
+        )
+        .await
     }
 }
+
+/// What `check_schema` tells to run or apply.
+const SCHEMA: sql::Schema = sql::Schema {
+    store: "SqliteStore",
+    folder: "sqlite",
+    files: "0001_idempotency_records.sql",
+};
 
 fn migrator() -> Migrator {
     sql::migrator(&[(
@@ -350,19 +340,11 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
-        let row = sqlx::query(GET)
-            .bind(key.as_bytes().as_slice())
-            .fetch_optional(&self.inner.pool)
-            .await?;
-        row.as_ref().map(record_info).transpose()
+        Codec::get(self.inner.pool.clone(), GET, *key).await
     }
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
-        let deleted = sqlx::query(FORGET)
-            .bind(key.as_bytes().as_slice())
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(deleted.rows_affected() > 0)
+        Codec::forget(self.inner.pool.clone(), FORGET, *key).await
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
@@ -432,30 +414,6 @@ async fn complete_on<'e>(
         .execute(executor)
         .await?;
     Ok(Fenced::from_rows(done.rows_affected()))
-}
-
-/// A row of [`GET`] as the record it describes.
-fn record_info(row: &sqlx::sqlite::SqliteRow) -> Result<RecordInfo, StoreError> {
-    use sqlx::Row;
-    let millis = |column: &str| -> Result<Duration, StoreError> {
-        Ok(Duration::from_millis(
-            row.try_get::<i64, _>(column)?.max(0) as u64
-        ))
-    };
-    let expires_in = millis("expires_ms")?;
-    match row.try_get::<&str, _>("state")? {
-        "running" => Ok(RecordInfo::running(millis("lease_ms")?, expires_in)),
-        "done" => {
-            let status: i64 = row.try_get("status")?;
-            let status = u16::try_from(status)
-                .map_err(|_| StoreError::corrupt("a saved status is out of range"))?;
-            let headers: Vec<u8> = row.try_get("headers")?;
-            let body: Vec<u8> = row.try_get("body")?;
-            let response = StoredResponse::from_parts(status, &headers, body.into())?;
-            Ok(RecordInfo::done(response, expires_in))
-        }
-        _ => Err(StoreError::corrupt("a record has an unknown state")),
-    }
 }
 
 #[cfg(test)]
