@@ -61,6 +61,12 @@ pub use sql::mysql;
 pub use sql::postgres;
 #[cfg(feature = "sqlite")]
 pub use sql::sqlite;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub use sql::table::{InvalidTableName, TableName};
 #[cfg(any(
     feature = "memory",
     feature = "postgres",
