@@ -165,11 +165,20 @@ async fn stats_count_by_state<S: Store>(store: S) {
 }
 
 async fn call(app: &Router, method: &str, uri: &str) -> (StatusCode, serde_json::Value) {
-    let request = Request::builder()
-        .method(method)
-        .uri(uri)
-        .body(Body::empty())
-        .unwrap();
+    call_with(app, method, uri, &[]).await
+}
+
+async fn call_with(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, serde_json::Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Body::empty()).unwrap();
     let response = app.clone().oneshot(request).await.unwrap();
     let status = response.status();
     let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -230,6 +239,12 @@ async fn admin_router_verbs(store: DynStore) {
     );
     let (status, _) = call(&app, "GET", "/admin/keys/order-1").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "another scope");
+    // The scope in a header, out of the URL (and of access logs); it wins over the query.
+    let scope = [("idempotency-scope", "Bearer alice")];
+    let (status, record) = call_with(&app, "GET", "/admin/keys/order-1", &scope).await;
+    assert_eq!(status, StatusCode::OK, "{record}");
+    let (status, _) = call_with(&app, "GET", "/admin/keys/order-1?scope=Bearer+bob", &scope).await;
+    assert_eq!(status, StatusCode::OK, "the header wins");
 
     let (status, problem) = call(&app, "GET", "/admin/key-hashes/abc").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");

@@ -18,6 +18,8 @@
 //!
 //! `--scope` is what the layer scoped the key by: with the default scope, the caller's
 //! `Authorization` header value (`--scope "Bearer sk_live_..."`); none for anonymous callers.
+//! Where that value is a credential, pass it as `IDEMPOTENCY_SCOPE` instead, out of the shell
+//! history and the process list.
 //! `--hash` names a record by its key hash instead, as `stats` and the layer's logs show it.
 //! `inspect` and `forget` exit with 2 when there is no such record.
 //!
@@ -114,8 +116,15 @@ struct Record {
     /// The Idempotency-Key, as the client sent it.
     #[arg(required_unless_present = "hash")]
     key: Option<String>,
-    /// The scope: with the default scope, the caller's Authorization header value.
-    #[arg(long, default_value = "", conflicts_with = "hash")]
+    /// The scope: with the default scope, the caller's Authorization header value. Where it is
+    /// a credential, set IDEMPOTENCY_SCOPE instead, out of the shell history and `ps`.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_SCOPE",
+        default_value = "",
+        conflicts_with = "hash",
+        hide_env_values = true
+    )]
     scope: String,
     /// The record's key hash (64 hex digits), as `stats` and the layer's logs show it.
     #[arg(long, conflicts_with = "key")]
@@ -307,6 +316,10 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
                 println!("no record for this key");
                 return Ok(ExitCode::from(2));
             }
+        }
+        #[cfg(feature = "redis")]
+        Command::Sweep { .. } if matches!(backend, Backend::Redis(_)) => {
+            println!("swept 0 expired records: Redis deletes them itself");
         }
         Command::Sweep { batch } => {
             let batch = (*batch).max(1);

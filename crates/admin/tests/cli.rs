@@ -136,6 +136,18 @@ async fn the_verbs_on_saved_keys<S: Store>(url: &str, store: &S, prefix: &[&str]
     );
     let with_body = run(&["inspect", "k", "--scope", "Bearer alice", "--body"]).await;
     assert!(stdout(&with_body).contains("{\"orderId\":\"1\"}"));
+    // The scope from the environment, out of the command line.
+    let mut from_env = prefix.to_vec();
+    from_env.extend_from_slice(&["inspect", "k"]);
+    let inspect = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-idempotency-admin"))
+        .env("IDEMPOTENCY_SCOPE", "Bearer alice")
+        .arg("--url")
+        .arg(url)
+        .args(&from_env)
+        .output()
+        .await
+        .unwrap();
+    assert!(stdout(&inspect).contains("status     201"), "{inspect:?}");
 
     // The hash `stats` printed names the running record.
     let mut by_hash = prefix.to_vec();
@@ -151,7 +163,11 @@ async fn the_verbs_on_saved_keys<S: Store>(url: &str, store: &S, prefix: &[&str]
 
     let sweep = run(&["sweep"]).await;
     assert!(sweep.status.success(), "{sweep:?}");
-    let swept = if sweeps { "swept 1 " } else { "swept 0 " };
+    let swept = if sweeps {
+        "swept 1 expired records\n"
+    } else {
+        "swept 0 expired records: Redis deletes them itself\n"
+    };
     assert!(stdout(&sweep).contains(swept), "{}", stdout(&sweep));
 
     let forget = run(&["forget", "k", "--scope", "Bearer alice"]).await;

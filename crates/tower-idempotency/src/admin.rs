@@ -2,14 +2,16 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /keys/{key}?scope=S[&body=true]` | 200 with the record (state, lease and expiry left, status, headers; the body only with `body=true`), 404 when there is none |
-//! | `DELETE /keys/{key}?scope=S` | 204 when a record was forgotten, 404 when there was none |
+//! | `GET /keys/{key}[?body=true]` with the scope in `Idempotency-Scope` (or `?scope=S`) | 200 with the record (state, lease and expiry left, status, headers; the body only with `body=true`), 404 when there is none |
+//! | `DELETE /keys/{key}`, the scope as for `GET` | 204 when a record was forgotten, 404 when there was none |
 //! | `GET /key-hashes/{hash}[?body=true]`, `DELETE /key-hashes/{hash}` | the same, for a record named by its key hash (64 hex digits, as `/stats` and the logs show it) |
 //! | `POST /sweep?batch=N` | 200 `{"deleted": n}`: expired records deleted now |
 //! | `GET /stats` | 200 `{"running": n, "done": n, "expired": n, "oldestRunning": {"keyHash": "..", "ageMs": n}}` ([`StoreStats`](crate::store::StoreStats); `oldestRunning` is `null` when nothing runs) |
 //!
 //! `scope` is what the layer scoped the key by (under the default scope, the caller's
-//! `Authorization` value); absent means anonymous. Errors are `application/problem+json`: 400 for
+//! `Authorization` value); absent means anonymous. Send it in the `Idempotency-Scope` header
+//! rather than the query where it is a credential: a query string lands in access logs (the
+//! header wins when both are given). Errors are `application/problem+json`: 400 for
 //! an invalid key, key hash or `batch`, 501 when the store does not implement the verb (a custom
 //! store without it; `stats` on Redis Cluster), 503 when the store is unavailable (a retry may
 //! cure it), 500 otherwise. The answers are those of the
@@ -35,7 +37,7 @@ use std::time::Duration;
 
 use axum::{
     extract::{Path, RawQuery, State},
-    http::{header, StatusCode},
+    http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
     Json, Router,
@@ -89,18 +91,8 @@ fn percent_decode(text: &str) -> String {
 }
 
 fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail.into(),
-    });
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/problem+json")],
-        body.to_string(),
-    )
-        .into_response()
+    let title = status.canonical_reason().unwrap_or("Error");
+    crate::problem::problem_json(status, "about:blank", title, &detail.into()).into_response()
 }
 
 fn store_failed(err: &StoreError) -> Response {
@@ -118,12 +110,19 @@ fn store_failed(err: &StoreError) -> Response {
     )
 }
 
+/// The header an operator sends the scope in, kept out of URLs and their logs.
+pub const SCOPE_HEADER: &str = "idempotency-scope";
+
 /// The record's identity, as the layer computes it; the detail of a 400 when the key is invalid.
-fn key_hash(key: &str, query: Option<&str>) -> Result<KeyHash, String> {
+/// The scope comes from the [`SCOPE_HEADER`], else the `scope` query parameter.
+fn key_hash(key: &str, headers: &HeaderMap, query: Option<&str>) -> Result<KeyHash, String> {
     let parsed = IdempotencyKey::parse(key.as_bytes())
         .map_err(|reason| format!("not a valid Idempotency-Key: {reason}"))?;
-    let scope = query_value(query, "scope").unwrap_or_default();
-    Ok(parsed.scoped_hash(&Scope::new(scope)))
+    let hash = match headers.get(SCOPE_HEADER) {
+        Some(scope) => parsed.scoped_hash(&Scope::new(scope.as_bytes())),
+        None => parsed.scoped_hash(&Scope::new(query_value(query, "scope").unwrap_or_default())),
+    };
+    Ok(hash)
 }
 
 fn millis(d: Duration) -> u64 {
@@ -133,9 +132,10 @@ fn millis(d: Duration) -> u64 {
 async fn inspect(
     State(store): State<DynStore>,
     Path(key): Path<String>,
+    headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    match key_hash(&key, query.as_deref()) {
+    match key_hash(&key, &headers, query.as_deref()) {
         Ok(hash) => inspect_record(&store, hash, query.as_deref()).await,
         Err(detail) => problem(StatusCode::BAD_REQUEST, detail),
     }
@@ -201,9 +201,10 @@ async fn inspect_record(store: &DynStore, hash: KeyHash, query: Option<&str>) ->
 async fn forget(
     State(store): State<DynStore>,
     Path(key): Path<String>,
+    headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
-    match key_hash(&key, query.as_deref()) {
+    match key_hash(&key, &headers, query.as_deref()) {
         Ok(hash) => forget_record(&store, hash).await,
         Err(detail) => problem(StatusCode::BAD_REQUEST, detail),
     }

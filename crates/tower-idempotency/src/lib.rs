@@ -47,6 +47,7 @@
 #[cfg(feature = "admin")]
 pub mod admin;
 mod body;
+mod compile_checks;
 mod config;
 #[cfg(any(
     feature = "memory",
@@ -69,6 +70,7 @@ mod not_processed;
 mod observe;
 #[cfg(feature = "utoipa")]
 pub mod openapi;
+mod problem;
 mod record;
 mod retry_after;
 mod service;

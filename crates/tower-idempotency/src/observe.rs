@@ -86,6 +86,14 @@ pub(crate) const SWEEP_ROUNDS_TOTAL: &str = "idempotency_sweep_rounds_total";
 /// through a backlog.
 #[cfg(feature = "metrics")]
 pub(crate) const SWEEP_ROUND_BATCHES: &str = "idempotency_sweep_round_batches";
+/// The gauge of stored records by `state` (`running`, `done`, `expired`), read by a
+/// [`Sweeper::spawn_with_stats`](crate::Sweeper::spawn_with_stats) round.
+#[cfg(feature = "metrics")]
+pub(crate) const RECORDS: &str = "idempotency_records";
+/// The gauge of the age of the oldest running record (0 when none runs): a handler that hangs
+/// while its heartbeat keeps the lease shows here, and nowhere else.
+#[cfg(feature = "metrics")]
+pub(crate) const OLDEST_RUNNING: &str = "idempotency_oldest_running_seconds";
 
 /// What happened to one request (or one step of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,6 +301,16 @@ pub fn describe_metrics() {
         Unit::Count,
         "Batches the last sweeper round needed: 1 when it keeps up, more while a backlog clears."
     );
+    metrics::describe_gauge!(
+        RECORDS,
+        Unit::Count,
+        "Stored idempotency records by store and state (running, done, expired not yet swept), as of the last Sweeper::spawn_with_stats round."
+    );
+    metrics::describe_gauge!(
+        OLDEST_RUNNING,
+        Unit::Seconds,
+        "Age of the oldest running idempotency record by store (0 when none runs), as of the last Sweeper::spawn_with_stats round."
+    );
 }
 
 /// An error and its sources, `a: b: c`, for log lines (a store error's own text says only what
@@ -336,6 +354,24 @@ pub(crate) fn swept(store: &'static str, deleted: u64, batches: u64, failed: boo
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (store, deleted, batches, failed);
+}
+
+/// Set the record gauges from one [`Store::stats`](crate::store::Store::stats) reading.
+pub(crate) fn store_stats(store: &'static str, stats: &crate::store::StoreStats) {
+    #[cfg(feature = "metrics")]
+    {
+        for (state, count) in [
+            ("running", stats.running),
+            ("done", stats.done),
+            ("expired", stats.expired),
+        ] {
+            metrics::gauge!(RECORDS, "store" => store, "state" => state).set(count as f64);
+        }
+        let oldest = stats.oldest_running.map_or(0.0, |o| o.age.as_secs_f64());
+        metrics::gauge!(OLDEST_RUNNING, "store" => store).set(oldest);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (store, stats);
 }
 
 /// The first 16 hex digits of a key hash: enough to find the record, short in a log line.

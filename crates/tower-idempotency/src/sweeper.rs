@@ -57,14 +57,46 @@ impl Sweeper {
     /// # }
     /// ```
     pub fn spawn<St: Store>(store: Arc<St>, every: Duration, batch: u32) -> Self {
+        Self::start(store, every, batch, false)
+    }
+
+    /// [`spawn`](Self::spawn), and after each round read [`Store::stats`] and set the gauges
+    /// `idempotency_records{store, state}` and `idempotency_oldest_running_seconds{store}`
+    /// (feature `metrics`): the signal of a stuck key, a handler that hangs while its heartbeat
+    /// keeps the lease, which no request counter shows. The alert rules in the repository's
+    /// `observability/` use them.
+    ///
+    /// Reading the stats visits every record (a table scan in SQL, a `SCAN` in Redis): choose
+    /// `every` for the size of your table. A store without stats (Redis Cluster, a custom store)
+    /// only sweeps; a failed read is logged and tried again next round.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// # use tower_idempotency::{store::MemoryStore, Sweeper};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let store = Arc::new(MemoryStore::new());
+    /// let sweeper = Sweeper::spawn_with_stats(store, Duration::from_secs(60), 1000);
+    /// # drop(sweeper);
+    /// # }
+    /// ```
+    pub fn spawn_with_stats<St: Store>(store: Arc<St>, every: Duration, batch: u32) -> Self {
+        Self::start(store, every, batch, true)
+    }
+
+    fn start<St: Store>(store: Arc<St>, every: Duration, batch: u32, stats: bool) -> Self {
         let every = every.max(Duration::from_millis(1));
         let batch = batch.max(1);
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut stats_supported = stats;
             loop {
                 ticks.tick().await;
                 sweep_backlog(&*store, batch).await;
+                if stats_supported {
+                    stats_supported = report_stats(&*store).await;
+                }
             }
         });
         Self { task: Some(task) }
@@ -120,6 +152,24 @@ async fn sweep_backlog<St: Store>(store: &St, batch: u32) -> u64 {
                 crate::observe::swept(store.name(), total, batches, true);
                 return total;
             }
+        }
+    }
+}
+
+/// Read the store's stats into the gauges; `false` when the store has none (stop asking).
+async fn report_stats<St: Store>(store: &St) -> bool {
+    match crate::observe::timed(store.name(), "stats", store.stats()).await {
+        Ok(stats) => {
+            crate::observe::store_stats(store.name(), &stats);
+            true
+        }
+        Err(err) if err.kind() == crate::store::StoreErrorKind::Unsupported => {
+            tracing::info!(target: "tower_idempotency", store = store.name(), "this store has no stats: the record gauges are not set");
+            false
+        }
+        Err(err) => {
+            tracing::warn!(target: "tower_idempotency", error = %crate::observe::Chain(&err), "reading the idempotency store's stats failed; trying again next round");
+            true
         }
     }
 }
@@ -207,5 +257,127 @@ mod tests {
         sweeper.stop().await;
         // One failed call, then ten batches of one and a final empty batch.
         assert_eq!(store.calls.load(Ordering::SeqCst), 12);
+    }
+
+    /// Gauges as a metrics recorder sees them: name and labels, last value.
+    #[cfg(feature = "metrics")]
+    #[derive(Default)]
+    struct Gauges(std::sync::Mutex<Vec<(String, f64)>>);
+
+    #[cfg(feature = "metrics")]
+    struct Gauge(Arc<Gauges>, String);
+
+    #[cfg(feature = "metrics")]
+    impl metrics::GaugeFn for Gauge {
+        fn increment(&self, _: f64) {}
+        fn decrement(&self, _: f64) {}
+        fn set(&self, value: f64) {
+            self.0 .0.lock().unwrap().push((self.1.clone(), value));
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    struct Recorder(Arc<Gauges>);
+
+    #[cfg(feature = "metrics")]
+    impl metrics::Recorder for Recorder {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            metrics::Counter::noop()
+        }
+        fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            metrics::Gauge::from_arc(Arc::new(Gauge(self.0.clone(), name)))
+        }
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
+    /// A stats round sets the record gauges, the oldest running record's age included; a store
+    /// without stats is asked once.
+    #[cfg(all(feature = "metrics", feature = "memory"))]
+    #[test]
+    fn a_stats_round_sets_the_record_gauges() {
+        let gauges = Arc::new(Gauges::default());
+        let recorder = Recorder(gauges.clone());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let store = crate::store::MemoryStore::new();
+        let claim = Claim::new(
+            KeyHash([7; 32]),
+            crate::Fingerprint::of(&[b"POST"]),
+            FencingToken::new(),
+            Duration::from_secs(30),
+            Duration::from_secs(3600),
+        );
+        let (reported, unsupported) = metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(async {
+                store.claim(&claim).await.unwrap();
+                tokio::time::advance(Duration::from_secs(90)).await;
+                (
+                    report_stats(&store).await,
+                    report_stats(&Backlog::default()).await,
+                )
+            })
+        });
+        assert!(reported, "the memory store has stats");
+        assert!(!unsupported, "a store without stats is not asked again");
+        let seen = gauges.0.lock().unwrap().clone();
+        let value = |name: &str| {
+            seen.iter()
+                .rev()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| *v)
+                .unwrap_or_else(|| panic!("{name} not set: {seen:?}"))
+        };
+        assert_eq!(
+            value("idempotency_records{store=memory,state=running}"),
+            1.0
+        );
+        assert_eq!(value("idempotency_records{store=memory,state=done}"), 0.0);
+        assert_eq!(
+            value("idempotency_records{store=memory,state=expired}"),
+            0.0
+        );
+        assert_eq!(
+            value("idempotency_oldest_running_seconds{store=memory}"),
+            90.0
+        );
     }
 }

@@ -33,7 +33,7 @@
 pub mod relay;
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     fmt,
     path::PathBuf,
     sync::atomic::{AtomicBool, Ordering},
@@ -85,9 +85,11 @@ const SETTLED_BEFORE_KILL: usize = 100;
 /// Messages the relay has published before the consumer first starts, so that the consumer
 /// always has deliveries in hand when it is killed.
 const BACKLOG: usize = 150;
-/// The batch of a relay run at which it stalls (and is killed) when orders still arrive: the
-/// first batch of a run republishes what the previous run stalled on, the second is new.
-const STALL_AT_BATCH: u64 = 2;
+/// The batch at which the first relay run stalls (and is killed): it starts before the first
+/// order, and the load holds far more than two batches, so this batch always comes. The later
+/// runs stall at their first batch, which always holds the rows the previous run stalled on (the
+/// oldest unpublished), so no kill waits on orders that may no longer arrive.
+const FIRST_STALL_AT_BATCH: u64 = 2;
 
 /// One run's parameters.
 #[derive(Debug, Clone)]
@@ -163,6 +165,10 @@ pub struct Report {
     pub lost: usize,
     /// Effects of events that belong to no order.
     pub strangers: usize,
+    /// Effects whose amount is not their order's total.
+    pub wrong_amounts: usize,
+    /// Events the consumer marked processed (`processed_events`).
+    pub processed_marks: usize,
     /// Messages left in the queue after the last consumer stopped.
     pub left_in_queue: u32,
     /// How long the run took.
@@ -200,12 +206,14 @@ impl fmt::Display for Report {
         )?;
         write!(
             f,
-            "end:      {} effects for {} orders; applied twice {}, lost {}, strangers {}, left in the queue {}; {:.1} s",
+            "end:      {} effects for {} orders ({} processed marks); applied twice {}, lost {}, strangers {}, wrong amounts {}, left in the queue {}; {:.1} s",
             self.effects,
             self.orders,
+            self.processed_marks,
             self.applied_twice,
             self.lost,
             self.strangers,
+            self.wrong_amounts,
             self.left_in_queue,
             self.elapsed.as_secs_f64()
         )
@@ -396,14 +404,8 @@ pub async fn run(settings: &Settings) -> Result<Report, BoxError> {
             stalled
         };
         let mut kills = 0;
-        for _ in 0..settings.relay_kills {
-            // Once no order is coming any more, only the rows the last run stalled on are
-            // left: stall on them at once.
-            let stall_at = if load_done.load(Ordering::SeqCst) {
-                1
-            } else {
-                STALL_AT_BATCH
-            };
+        for run in 0..settings.relay_kills {
+            let stall_at = if run == 0 { FIRST_STALL_AT_BATCH } else { 1 };
             let mut envs = relay_envs.to_vec();
             envs.push(("RELAY_STALL_AT_BATCH", stall_at.to_string()));
             Run::start(&settings.relay_binary, &envs)
@@ -468,27 +470,36 @@ pub async fn run(settings: &Settings) -> Result<Report, BoxError> {
     let _ = stop_api.send(());
     let _ = api.await;
 
-    let order_ids: Vec<String> = sqlx::query_scalar("SELECT order_id FROM orders")
+    let order_rows: Vec<(String, i64)> = sqlx::query_as("SELECT order_id, total_cents FROM orders")
         .fetch_all(&orders_pool)
         .await?;
-    let effect_ids: Vec<String> = sqlx::query_scalar("SELECT event_id FROM effects")
-        .fetch_all(&ledger_pool)
-        .await?;
-    let orders: HashSet<&str> = order_ids.iter().map(String::as_str).collect();
-    let mut effects = HashSet::new();
-    let applied_twice = effect_ids
+    let effect_rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT event_id, amount_cents FROM effects")
+            .fetch_all(&ledger_pool)
+            .await?;
+    let totals: HashMap<&str, i64> = order_rows
         .iter()
-        .filter(|id| !effects.insert(id.as_str()))
-        .map(String::as_str)
+        .map(|(id, cents)| (id.as_str(), *cents))
+        .collect();
+    let orders: HashSet<&str> = totals.keys().copied().collect();
+    let mut effects = HashSet::new();
+    let applied_twice = effect_rows
+        .iter()
+        .filter(|(id, _)| !effects.insert(id.as_str()))
+        .map(|(id, _)| id.as_str())
         .collect::<HashSet<_>>()
         .len();
+    let wrong_amounts = effect_rows
+        .iter()
+        .filter(|(id, cents)| totals.get(id.as_str()).is_some_and(|total| total != cents))
+        .count();
     let report = Report {
         intents: settings.intents,
         created: placed.iter().filter(|p| p.created).count(),
         replayed: placed.iter().filter(|p| p.created && p.replayed).count(),
         attempts: placed.iter().map(|p| u64::from(p.attempts)).sum(),
         answers_lost: proxy.traffic().answers_lost,
-        orders: order_ids.len(),
+        orders: order_rows.len(),
         duplicate_orders: count(
             &orders_pool,
             "SELECT count(*) FROM (SELECT customer_id FROM orders GROUP BY customer_id HAVING count(*) > 1) d",
@@ -509,6 +520,12 @@ pub async fn run(settings: &Settings) -> Result<Report, BoxError> {
         applied_twice,
         lost: orders.difference(&effects).count(),
         strangers: effects.difference(&orders).count(),
+        wrong_amounts,
+        processed_marks: count(
+            &ledger_pool,
+            "SELECT count(*) FROM processed_events WHERE status = 'processed'",
+        )
+        .await,
         left_in_queue: ready(&channel, &queue).await,
         elapsed: started.elapsed(),
         databases: [&orders_url, &ledger_url]

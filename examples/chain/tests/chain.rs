@@ -59,6 +59,14 @@ async fn every_intent_is_one_order_and_every_order_one_effect() {
     assert_eq!(report.applied_twice, 0, "no event applied twice");
     assert_eq!(report.lost, 0, "no order without its effect");
     assert_eq!(report.strangers, 0, "no effect without its order");
+    assert_eq!(
+        report.wrong_amounts, 0,
+        "each effect carries its order's total"
+    );
+    assert_eq!(
+        report.processed_marks, report.orders,
+        "one processed mark per event, none failed or parked"
+    );
     // A run killed after a commit but before its `settled` line loses the line, not the
     // effect: the redelivery reports a duplicate. So the lines count at most one per order.
     assert!(

@@ -313,10 +313,15 @@ fn mysql_app(pool: Pool<MySql>, config: &Config) -> Router {
     router(pool, idempotency, config)
 }
 
-/// Start the background task that deletes expired idempotency records every [`SWEEP_EVERY`].
-/// It stops when the returned [`Sweeper`] is dropped.
+/// Start the background task that deletes expired idempotency records every [`SWEEP_EVERY`],
+/// and sets the record gauges (`idempotency_records`, `idempotency_oldest_running_seconds`) after
+/// each round. It stops when the returned [`Sweeper`] is dropped.
 pub fn sweeper(db: &Db) -> Sweeper {
-    Idempotency::new(db.idempotency_store()).sweep_every(SWEEP_EVERY)
+    Sweeper::spawn_with_stats(
+        Arc::new(db.idempotency_store()),
+        SWEEP_EVERY,
+        tower_idempotency::sweeper::DEFAULT_SWEEP_BATCH,
+    )
 }
 
 /// One router for either database: only the SQL behind [`backend::Backend`] differs.

@@ -76,7 +76,6 @@ async fn run() -> Result<(), String> {
     db.migrate()
         .await
         .map_err(|e| format!("database migrations failed: {e}"))?;
-    let sweeper = orders_api::sweeper(&db);
 
     let listener = tokio::net::TcpListener::bind(settings.bind_addr)
         .await
@@ -88,6 +87,8 @@ async fn run() -> Result<(), String> {
     if let Some(token) = settings.admin_token.clone() {
         app = app.merge(orders_api::admin_routes(&db, token));
     }
+    // After the app: building it installs the metrics recorder the sweeper's gauges go to.
+    let sweeper = orders_api::sweeper(&db);
     tracing::info!(database = db.kind(), config = ?settings.config, "orders API ready");
     // Tests and scripts wait for this exact line on stdout.
     println!("listening on http://{addr}");

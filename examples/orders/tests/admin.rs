@@ -92,6 +92,28 @@ async fn the_admin_routes_answer_the_token_only_and_forget_frees_a_key() {
     let again = order(&url, &key).await;
     assert_ne!(again, first, "forgotten: the request ran as new");
 
+    // The sweeper's stats round sets the record gauges (its first round runs at start).
+    let metrics = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let text = reqwest::get(format!("{url}/metrics"))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            if text.contains("idempotency_oldest_running_seconds") {
+                return text;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the record gauges within 30 s");
+    assert!(
+        metrics.contains("idempotency_records{store=\"sqlite\",state=\"running\"}"),
+        "{metrics}"
+    );
+
     drop(child);
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));

@@ -40,7 +40,7 @@ const LOAD_DEADLINE: Duration = Duration::from_secs(90);
 
 /// A fresh PostgreSQL database: its name, the server address, and a direct pool on it.
 async fn fresh_postgres() -> (String, std::net::SocketAddr, sqlx::PgPool) {
-    let db = common::fresh_postgres("orders_chaos").await;
+    let db = common::fresh_postgres("tidem_orders_chaos").await;
     let server = tokio::net::lookup_host((db.options.get_host().to_owned(), db.options.get_port()))
         .await
         .expect("resolve the PostgreSQL host")

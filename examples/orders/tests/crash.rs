@@ -40,7 +40,7 @@ impl Probe {
 
 /// A fresh PostgreSQL database: its URL and a pool on it.
 async fn fresh_postgres() -> (String, Probe) {
-    let db = common::fresh_postgres("orders_crash").await;
+    let db = common::fresh_postgres("tidem_orders_crash").await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect_with(db.options)
@@ -51,7 +51,7 @@ async fn fresh_postgres() -> (String, Probe) {
 
 /// A fresh MySQL database: its URL and a pool on it.
 async fn fresh_mysql() -> (String, Probe) {
-    let (url, options) = common::fresh_mysql("orders_crash").await;
+    let (url, options) = common::fresh_mysql("tidem_orders_crash").await;
     let pool = sqlx::mysql::MySqlPoolOptions::new()
         .max_connections(2)
         .connect_with(options)

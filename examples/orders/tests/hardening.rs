@@ -46,7 +46,7 @@ impl Drop for SqliteFile {
 
 /// A fresh PostgreSQL database on the server of `DATABASE_URL`: its URL.
 async fn fresh_postgres() -> String {
-    common::fresh_postgres("orders_hardening").await.url
+    common::fresh_postgres("tidem_orders_hardening").await.url
 }
 
 /// A view of the binary's database, to see its claims.
@@ -96,6 +96,8 @@ struct Server {
     child: Child,
     addr: String,
     log: Arc<Mutex<String>>,
+    /// Copies stderr into `log` until the process closes it.
+    reader: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
@@ -123,7 +125,16 @@ impl Server {
             .await
             .unwrap_or_else(|_| panic!("the server did not exit within {within:?}"))
             .expect("wait for the server");
-        (started.elapsed(), status)
+        let took = started.elapsed();
+        // The exit is not the end of the log: the last lines may still be in the pipe. The
+        // reader ends at the pipe's end of file, so once it has, `logged` holds every line.
+        if let Some(reader) = self.reader.take() {
+            tokio::time::timeout(Duration::from_secs(10), reader)
+                .await
+                .expect("stderr reaches its end after the exit")
+                .expect("the stderr reader");
+        }
+        (took, status)
     }
 
     fn logged(&self) -> String {
@@ -142,7 +153,7 @@ async fn start(database_url: &str, env: &[(&str, &str)]) -> Server {
     let mut child = command.spawn().expect("spawn the orders-api binary");
     let log = Arc::new(Mutex::new(String::new()));
     let mut stderr = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
-    {
+    let reader = {
         let log = log.clone();
         tokio::spawn(async move {
             while let Ok(Some(line)) = stderr.next_line().await {
@@ -150,11 +161,16 @@ async fn start(database_url: &str, env: &[(&str, &str)]) -> Server {
                 log.push_str(&line);
                 log.push('\n');
             }
-        });
-    }
+        })
+    };
     let url = common::listening_url(&mut child).await;
     let addr = url.trim_start_matches("http://").to_owned();
-    Server { child, addr, log }
+    Server {
+        child,
+        addr,
+        log,
+        reader: Some(reader),
+    }
 }
 
 fn client() -> reqwest::Client {
