@@ -37,8 +37,7 @@ use std::time::Duration;
 
 use axum::{
     extract::{Path, RawQuery, State},
-    http::HeaderMap,
-    http::{header, StatusCode},
+    http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
     Json, Router,
@@ -92,18 +91,8 @@ fn percent_decode(text: &str) -> String {
 }
 
 fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail.into(),
-    });
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/problem+json")],
-        body.to_string(),
-    )
-        .into_response()
+    let title = status.canonical_reason().unwrap_or("Error");
+    crate::problem::problem_json(status, "about:blank", title, &detail.into()).into_response()
 }
 
 fn store_failed(err: &StoreError) -> Response {

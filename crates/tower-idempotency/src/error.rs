@@ -256,19 +256,8 @@ impl Rejection {
     /// The `application/problem+json` response, with the `type` under `base` (see
     /// [`type_uri_under`](Self::type_uri_under)), and `Retry-After` when the rejection has one.
     pub fn problem_response(&self, base: &str) -> Response<Full<Bytes>> {
-        let status = self.status();
-        let body = serde_json::json!({
-            "type": self.type_uri_under(base),
-            "title": self.title(),
-            "status": status.as_u16(),
-            "detail": self.detail(),
-        });
-        let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
-        *response.status_mut() = status;
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        let (type_uri, detail) = (self.type_uri_under(base), self.detail());
+        let mut response = problem_json(self.status(), &type_uri, self.title(), &detail);
         self.add_retry_after(response.headers_mut());
         response
     }
@@ -354,6 +343,7 @@ impl axum_core::response::IntoResponse for Rejection {
 
 #[cfg(feature = "axum")]
 pub use crate::extract::MissingExtension;
+pub use crate::problem::{problem_json, PROBLEM_JSON};
 
 #[cfg(test)]
 mod tests {

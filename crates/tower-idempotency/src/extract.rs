@@ -1,7 +1,7 @@
 //! The axum side: the [`IdempotencyKey`] extractor, and [`MissingExtension`], the rejection of
 //! the layer's extractors when the layer is not there.
 
-use http::{header, HeaderValue, StatusCode};
+use http::StatusCode;
 
 use axum_core::extract::FromRequestParts;
 use http::request::Parts;
@@ -44,20 +44,10 @@ pub struct MissingExtension {
 
 impl axum_core::response::IntoResponse for MissingExtension {
     fn into_response(self) -> axum_core::response::Response {
-        let body = serde_json::json!({
-            "type": "about:blank",
-            "title": "Server misconfigured",
-            "status": 500,
-            "detail": self.to_string(),
-        });
         tracing::error!(target: "tower_idempotency", "{self}");
-        let mut response =
-            axum_core::response::Response::new(axum_core::body::Body::from(body.to_string()));
-        *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        response
+        let detail = self.to_string();
+        let status = StatusCode::INTERNAL_SERVER_ERROR;
+        crate::problem::problem_json(status, "about:blank", "Server misconfigured", &detail)
+            .map(axum_core::body::Body::new)
     }
 }

@@ -70,6 +70,7 @@ mod not_processed;
 mod observe;
 #[cfg(feature = "utoipa")]
 pub mod openapi;
+mod problem;
 mod record;
 mod retry_after;
 mod service;

@@ -4,7 +4,7 @@ use axum::{
     http::{header, HeaderValue, StatusCode},
     response::{IntoResponse, Response},
 };
-use tower_idempotency::NotProcessed;
+use tower_idempotency::{error::problem_json, NotProcessed};
 
 /// Where the problem types are documented.
 const TYPE_BASE: &str =
@@ -211,17 +211,9 @@ impl Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "type": format!("{TYPE_BASE}{}", self.kind),
-            "title": self.title,
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
-        let mut response = (self.status, body.to_string()).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        let type_uri = format!("{TYPE_BASE}{}", self.kind);
+        let mut response =
+            problem_json(self.status, &type_uri, self.title, &self.detail).into_response();
         if let Some(secs) = self.retry_after {
             response
                 .headers_mut()
