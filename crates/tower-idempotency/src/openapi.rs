@@ -219,7 +219,7 @@ impl IdempotencyDoc {
             flag("`true` when this is the saved first answer to the key, replayed; absent on the first answer"),
         );
         response.headers.insert(
-            crate::BODY_NOT_KEPT_HEADER.as_str().to_owned(),
+            crate::record::BODY_NOT_KEPT_HEADER.as_str().to_owned(),
             flag("`true` on a replay whose first answer's body was over the saved-body limit: the body is empty"),
         );
     }
