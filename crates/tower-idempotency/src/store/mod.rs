@@ -34,9 +34,10 @@ mod record;
     feature = "postgres",
     feature = "sqlite",
     feature = "mysql",
-    feature = "redis"
+    feature = "redis",
+    feature = "admin"
 ))]
-mod time;
+pub(crate) mod time;
 pub use dynamic::{BoxFuture, DynStore, ErasedStore};
 pub use error::{StoreError, StoreErrorKind};
 pub use record::{

@@ -21,7 +21,17 @@ const MAX_SCHEMA: usize = 63;
 /// be written into the store's SQL as it is.
 ///
 /// The name is written unquoted: PostgreSQL folds it to lower case, MySQL compares it as its
-/// `lower_case_table_names` says. The schema must exist (for SQLite, an attached database).
+/// `lower_case_table_names` says. The schema must exist (for SQLite, an attached database; for
+/// MySQL, a database).
+///
+/// A store's `with_table` writes every statement, batched or not, for the table once, when the
+/// store is built: a request runs the same prepared statements as on the default table, and
+/// nothing is formatted per request. `migrate()` creates the table, with its index and
+/// constraints named after it (`{name}_expires_at`), and tracks its migrations in
+/// `{table}_migrations` (the default table keeps `_tower_idempotency_migrations`), so stores on
+/// two tables of one database migrate apart. With your own migration tool, apply the files of
+/// `migrations/` with `idempotency_records` replaced by the name; `check_schema()` names the
+/// table it checks.
 ///
 /// ```
 /// use tower_idempotency::store::TableName;

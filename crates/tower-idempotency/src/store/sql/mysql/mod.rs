@@ -179,14 +179,9 @@ impl MySqlStore {
         Self::build(pool, TableName::default())
     }
 
-    /// The same store on `table` instead of `idempotency_records`: every statement, the
-    /// migrations and [`check_schema`](Self::check_schema) name it. The statements are written
-    /// once, here; nothing is sent to the database.
-    ///
-    /// [`migrate`](Self::migrate) creates the table (a schema prefix names another database,
-    /// which must exist) and tracks its migrations in `{table}_migrations`, so stores on two
-    /// tables of one database migrate apart. To apply `migrations/mysql/` with your own tool
-    /// instead, replace `idempotency_records` in the file by the name.
+    /// The same store on `table` instead of `idempotency_records`: its statements, migrations
+    /// and [`check_schema`](Self::check_schema) name it (see [`TableName`] for what that means
+    /// for `migrate` and your own migration tool). Nothing is sent to the database.
     ///
     /// ```no_run
     /// use tower_idempotency::store::{mysql::{sqlx::MySqlPool, MySqlStore}, TableName};

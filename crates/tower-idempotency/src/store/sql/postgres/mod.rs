@@ -186,14 +186,9 @@ impl PostgresStore {
         Self::build(pool, batching, TableName::default())
     }
 
-    /// The same store on `table` instead of `idempotency_records`: every statement, the
-    /// migrations and [`check_schema`](Self::check_schema) name it. The statements are written
-    /// once, here; nothing is sent to the database.
-    ///
-    /// [`migrate`](Self::migrate) creates the table (the schema must exist) and tracks its
-    /// migrations in `{table}_migrations`, so stores on two tables of one database migrate
-    /// apart. To apply `migrations/postgres/` with your own tool instead, replace
-    /// `idempotency_records` in the files by the name.
+    /// The same store on `table` instead of `idempotency_records`: its statements, migrations
+    /// and [`check_schema`](Self::check_schema) name it (see [`TableName`] for what that means
+    /// for `migrate` and your own migration tool). Nothing is sent to the database.
     ///
     /// ```no_run
     /// use tower_idempotency::store::{postgres::{sqlx::PgPool, PostgresStore}, TableName};
