@@ -5,7 +5,7 @@ use tower_idempotency::store::{
     postgres::PostgresStore,
     redis::{redis, RedisStore},
     sqlite::SqliteStore,
-    MemoryStore,
+    MemoryStore, TableName,
 };
 
 use crate::{
@@ -20,6 +20,40 @@ pub async fn memory_store() -> MemoryStore {
 /// A migrated PostgreSQL store on a database of its own (a pool of 16 connections).
 pub async fn postgres_store() -> PostgresStore {
     let store = PostgresStore::new(fresh_postgres_pool(16).await);
+    store.migrate().await.expect("migrate the fresh database");
+    store
+}
+
+/// The table of the stores `*_store_on_another_table` keep their records in.
+pub const ANOTHER_TABLE: &str = "idempotency_keys";
+
+/// A migrated PostgreSQL store on a database of its own, on the table `idem.idempotency_keys`
+/// (a schema of its own) instead of the default.
+pub async fn postgres_store_on_another_table() -> PostgresStore {
+    let pool = fresh_postgres_pool(16).await;
+    sqlx::query("CREATE SCHEMA idem")
+        .execute(&pool)
+        .await
+        .expect("create the schema");
+    let table = TableName::new(&format!("idem.{ANOTHER_TABLE}")).expect("a valid name");
+    let store = PostgresStore::new(pool).with_table(table);
+    store.migrate().await.expect("migrate the fresh database");
+    store
+}
+
+/// A migrated SQLite store on a fresh database file, on the table [`ANOTHER_TABLE`].
+pub async fn sqlite_store_on_another_table() -> SqliteStore {
+    let table = TableName::new(ANOTHER_TABLE).expect("a valid name");
+    let store = SqliteStore::new(fresh_sqlite_pool(8).await).with_table(table);
+    store.migrate().await.expect("migrate the fresh database");
+    store
+}
+
+/// A migrated MySQL store on a database of its own, on the table [`ANOTHER_TABLE`].
+pub async fn mysql_store_on_another_table() -> MySqlStore {
+    let table = TableName::new(ANOTHER_TABLE).expect("a valid name");
+    let pool = fresh_mysql_pool(8, Isolation::RepeatableRead).await;
+    let store = MySqlStore::new(pool).with_table(table);
     store.migrate().await.expect("migrate the fresh database");
     store
 }

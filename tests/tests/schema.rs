@@ -1,9 +1,11 @@
 //! The SQL a user applies with their own migration tool (the repository's top-level
 //! `migrations/`), and `check_schema()` at startup: it refuses a missing or outdated table with a
-//! message naming what to apply, and accepts the schema the folder's files create.
+//! message naming what to apply, and accepts the schema the folder's files create, under the
+//! default table name and under another (the files with `idempotency_records` replaced, as the
+//! docs of `with_table` say).
 
 use tower_idempotency::store::{
-    mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, StoreErrorKind,
+    mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, StoreErrorKind, TableName,
 };
 use tower_idempotency_tests::{
     fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, Isolation,
@@ -15,77 +17,74 @@ fn message(err: &tower_idempotency::store::StoreError) -> String {
         .unwrap_or_default()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_check_schema_accepts_the_migrations_folder_applied_by_hand() {
-    let pool = fresh_postgres_pool(2).await;
-    let store = PostgresStore::new(pool.clone());
-    let missing = store.check_schema().await.unwrap_err();
-    assert_eq!(missing.kind(), StoreErrorKind::Migration);
-    let text = message(&missing);
-    assert!(text.contains("PostgresStore::migrate()"), "{text}");
-    assert!(text.contains("migrations/postgres/"), "{text}");
+/// One test per backend: `$files` in order, each with the column `check_schema` still misses
+/// after it (`None`: the schema is current).
+macro_rules! applied_by_hand {
+    ($test:ident, $store:ident, $pool:expr, $folder:literal, [$($file:literal => $missing:expr),+ $(,)?]) => {
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $test() {
+            let pool = $pool;
+            let store = $store::new(pool.clone());
+            let absent = store.check_schema().await.unwrap_err();
+            assert_eq!(absent.kind(), StoreErrorKind::Migration);
+            let text = message(&absent);
+            assert!(text.contains(concat!(stringify!($store), "::migrate()")), "{text}");
+            assert!(text.contains(concat!("migrations/", $folder, "/")), "{text}");
 
-    sqlx::raw_sql(include_str!(
-        "../../migrations/postgres/0001_idempotency_records.sql"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let outdated = store.check_schema().await.unwrap_err();
-    assert!(
-        message(&outdated).contains("watched"),
-        "{}",
-        message(&outdated)
-    );
+            $(
+                let sql = include_str!(concat!("../../migrations/", $folder, "/", $file));
+                sqlx::raw_sql(sql).execute(&pool).await.unwrap();
+                let missing: Option<&str> = $missing;
+                match missing {
+                    Some(column) => {
+                        let outdated = store.check_schema().await.unwrap_err();
+                        assert!(message(&outdated).contains(column), "{}", message(&outdated));
+                    }
+                    None => store.check_schema().await.unwrap(),
+                }
+            )+
+            // The store's own migrations find the hand-applied schema and leave it as it is.
+            store.migrate().await.unwrap();
+            store.check_schema().await.unwrap();
 
-    sqlx::raw_sql(include_str!("../../migrations/postgres/0002_watched.sql"))
-        .execute(&pool)
-        .await
-        .unwrap();
-    store.check_schema().await.unwrap();
-    // The store's own migrations find the hand-applied schema and leave it as it is.
-    store.migrate().await.unwrap();
-    store.check_schema().await.unwrap();
+            // The same files for another table, the name replaced.
+            let other = store.with_table(TableName::new("by_hand_records").unwrap());
+            assert!(other.check_schema().await.is_err());
+            $(
+                let sql = include_str!(concat!("../../migrations/", $folder, "/", $file))
+                    .replace("idempotency_records", "by_hand_records");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&pool).await.unwrap();
+            )+
+            other.check_schema().await.unwrap();
+            other.migrate().await.unwrap();
+            other.check_schema().await.unwrap();
+        }
+    };
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn sqlite_check_schema_accepts_the_migrations_folder_applied_by_hand() {
-    let pool = fresh_sqlite_pool(2).await;
-    let store = SqliteStore::new(pool.clone());
-    let missing = store.check_schema().await.unwrap_err();
-    assert_eq!(missing.kind(), StoreErrorKind::Migration);
-    let text = message(&missing);
-    assert!(text.contains("SqliteStore::migrate()"), "{text}");
-    assert!(text.contains("migrations/sqlite/"), "{text}");
+applied_by_hand!(
+    postgres_check_schema_accepts_the_migrations_folder_applied_by_hand,
+    PostgresStore,
+    fresh_postgres_pool(2).await,
+    "postgres",
+    [
+        "0001_idempotency_records.sql" => Some("watched"),
+        "0002_watched.sql" => None,
+    ]
+);
 
-    sqlx::raw_sql(include_str!(
-        "../../migrations/sqlite/0001_idempotency_records.sql"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    store.check_schema().await.unwrap();
-    store.migrate().await.unwrap();
-    store.check_schema().await.unwrap();
-}
+applied_by_hand!(
+    sqlite_check_schema_accepts_the_migrations_folder_applied_by_hand,
+    SqliteStore,
+    fresh_sqlite_pool(2).await,
+    "sqlite",
+    ["0001_idempotency_records.sql" => None]
+);
 
-#[tokio::test(flavor = "multi_thread")]
-async fn mysql_check_schema_accepts_the_migrations_folder_applied_by_hand() {
-    let pool = fresh_mysql_pool(2, Isolation::RepeatableRead).await;
-    let store = MySqlStore::new(pool.clone());
-    let missing = store.check_schema().await.unwrap_err();
-    assert_eq!(missing.kind(), StoreErrorKind::Migration);
-    let text = message(&missing);
-    assert!(text.contains("MySqlStore::migrate()"), "{text}");
-    assert!(text.contains("migrations/mysql/"), "{text}");
-
-    sqlx::raw_sql(include_str!(
-        "../../migrations/mysql/0001_idempotency_records.sql"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    store.check_schema().await.unwrap();
-    store.migrate().await.unwrap();
-    store.check_schema().await.unwrap();
-}
+applied_by_hand!(
+    mysql_check_schema_accepts_the_migrations_folder_applied_by_hand,
+    MySqlStore,
+    fresh_mysql_pool(2, Isolation::RepeatableRead).await,
+    "mysql",
+    ["0001_idempotency_records.sql" => None]
+);

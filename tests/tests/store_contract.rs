@@ -33,6 +33,23 @@ mod mysql_read_committed {
     store_contract_tests!(stores::mysql_store_at(Isolation::ReadCommitted).await);
 }
 
+/// The SQL stores on a table of another name (PostgreSQL's in a schema of its own): every
+/// statement, batched or not, and the migrations name it.
+mod postgres_on_another_table {
+    use super::*;
+    store_contract_tests!(stores::postgres_store_on_another_table().await);
+}
+
+mod sqlite_on_another_table {
+    use super::*;
+    store_contract_tests!(stores::sqlite_store_on_another_table().await);
+}
+
+mod mysql_on_another_table {
+    use super::*;
+    store_contract_tests!(stores::mysql_store_on_another_table().await);
+}
+
 mod redis {
     use super::*;
     store_contract_tests!(stores::redis_store().await);

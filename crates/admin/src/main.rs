@@ -2,7 +2,8 @@
 //!
 //! The operator's tool for a tower-idempotency store: PostgreSQL, SQLite (`sqlite://file.db`),
 //! MySQL or MariaDB (`mysql://`), or Redis (`redis://`, with `--prefix` when the store uses
-//! another key prefix).
+//! another key prefix). For a SQL store on another table than `idempotency_records`, pass
+//! `--table`.
 //!
 //! ```text
 //! migrate                        create or upgrade the table (SQL stores; Redis needs none)
@@ -71,6 +72,11 @@ struct Cli {
     /// Redis only: the key prefix the store uses.
     #[arg(long, default_value = "idempotency")]
     prefix: String,
+    /// SQL stores only: the table the store keeps its records in (`name` or `schema.name`, as
+    /// the application's `with_table`).
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+    #[arg(long, default_value = "idempotency_records")]
+    table: tower_idempotency::store::TableName,
     #[command(subcommand)]
     command: Command,
 }
@@ -240,14 +246,18 @@ async fn connect(cli: &Cli) -> Result<Backend, String> {
             let pool = PgPool::connect(url)
                 .await
                 .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
-            Ok(Backend::Postgres(PostgresStore::new(pool)))
+            Ok(Backend::Postgres(
+                PostgresStore::new(pool).with_table(cli.table.clone()),
+            ))
         }
         #[cfg(feature = "sqlite")]
         "sqlite" => {
             let pool = SqlitePool::connect(url)
                 .await
                 .map_err(|e| format!("cannot open SQLite: {e}"))?;
-            Ok(Backend::Sqlite(SqliteStore::new(pool)))
+            Ok(Backend::Sqlite(
+                SqliteStore::new(pool).with_table(cli.table.clone()),
+            ))
         }
         #[cfg(feature = "mysql")]
         "mysql" => {
@@ -256,7 +266,9 @@ async fn connect(cli: &Cli) -> Result<Backend, String> {
             let pool = MySqlPool::connect(&url)
                 .await
                 .map_err(|e| format!("cannot connect to MySQL: {e}"))?;
-            Ok(Backend::MySql(MySqlStore::new(pool)))
+            Ok(Backend::MySql(
+                MySqlStore::new(pool).with_table(cli.table.clone()),
+            ))
         }
         #[cfg(feature = "redis")]
         "redis" => {

@@ -237,6 +237,43 @@ async fn sqlite_migrate_check_inspect_stats_forget_sweep() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn sqlite_on_another_table_with_the_table_flag() {
+    let file = std::env::temp_dir().join(format!("{}.db", unique("tidem_admin")));
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let table = ["--table", "ops_idempotency"];
+    assert!(admin(&url, &[&table[..], &["migrate"]].concat())
+        .await
+        .status
+        .success());
+    assert!(admin(&url, &[&table[..], &["check"]].concat())
+        .await
+        .status
+        .success());
+    // The default table was not created.
+    let unmigrated = admin(&url, &["check"]).await;
+    assert_eq!(unmigrated.status.code(), Some(1));
+    assert!(
+        stderr(&unmigrated).contains("idempotency_records"),
+        "{unmigrated:?}"
+    );
+    let refused = admin(&url, &["--table", "ops; DROP TABLE x", "check"]).await;
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        stderr(&refused).contains("invalid table name"),
+        "{refused:?}"
+    );
+
+    let pool = tower_idempotency::store::sqlite::sqlx::SqlitePool::connect(&url)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool).with_table("ops_idempotency".parse().unwrap());
+    the_verbs_on_saved_keys(&url, &store, &table).await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn mysql_migrate_check_inspect_stats_forget_sweep() {
     let server = std::env::var("MYSQL_URL").expect("MYSQL_URL: a MySQL or MariaDB server");
     let name = unique("tidem_admin");

@@ -33,8 +33,6 @@
 //! # let _ = app;
 //! ```
 
-use std::time::Duration;
-
 use axum::{
     extract::{Path, RawQuery, State},
     http::{HeaderMap, StatusCode},
@@ -45,7 +43,7 @@ use axum::{
 
 use crate::{
     key::{IdempotencyKey, KeyHash, Scope},
-    store::{DynStore, RecordState, Store, StoreError, StoreErrorKind},
+    store::{time::to_millis, DynStore, RecordState, Store, StoreError, StoreErrorKind},
     sweeper::DEFAULT_SWEEP_BATCH,
 };
 
@@ -125,10 +123,6 @@ fn key_hash(key: &str, headers: &HeaderMap, query: Option<&str>) -> Result<KeyHa
     Ok(hash)
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 async fn inspect(
     State(store): State<DynStore>,
     Path(key): Path<String>,
@@ -176,10 +170,10 @@ async fn inspect_record(store: &DynStore, hash: KeyHash, query: Option<&str>) ->
     let mut answer = serde_json::json!({
         "keyHash": hash.to_hex(),
         "state": state,
-        "expiresInMs": millis(record.expires_in),
+        "expiresInMs": to_millis(record.expires_in),
     });
     if let Some(lease) = record.lease_remaining {
-        answer["leaseRemainingMs"] = millis(lease).into();
+        answer["leaseRemainingMs"] = to_millis(lease).into();
     }
     if let Some(response) = &record.response {
         answer["status"] = response.status.as_u16().into();
@@ -262,7 +256,7 @@ async fn stats(State(store): State<DynStore>) -> Response {
         Err(err) => return store_failed(&err),
     };
     let oldest = stats.oldest_running.map(
-        |oldest| serde_json::json!({ "keyHash": oldest.key.to_hex(), "ageMs": millis(oldest.age) }),
+        |oldest| serde_json::json!({ "keyHash": oldest.key.to_hex(), "ageMs": to_millis(oldest.age) }),
     );
     Json(serde_json::json!({
         "running": stats.running,
@@ -275,6 +269,8 @@ async fn stats(State(store): State<DynStore>) -> Response {
 
 #[cfg(all(test, feature = "memory"))]
 mod tests {
+    use std::time::Duration;
+
     use axum::body::Body;
     use http::{HeaderMap, Request};
     use http_body_util::BodyExt;

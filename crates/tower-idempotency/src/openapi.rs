@@ -5,7 +5,15 @@
 //! answers the layer gives itself (400, 408, 409 with `Retry-After`, 413, 422, 500, 503 with
 //! `Retry-After`), each `application/problem+json` with the schema `IdempotencyProblem`. An answer
 //! the operation already documents (its own 400 for invalid input, say) is kept, its description
-//! extended with the layer's reasons.
+//! extended with the layer's reasons. Every success answer (2xx) of the operation gains the
+//! headers a replay adds: `Idempotent-Replayed` and `Idempotent-Body-Not-Kept`.
+//!
+//! Describe the layer as you configured it: a layer built with
+//! [`with_header_name`](crate::Idempotency::with_header_name),
+//! [`optional`](crate::Idempotency::optional) or
+//! [`with_replay_header`](crate::Idempotency::with_replay_header) needs the same
+//! [`with_key_header`](IdempotencyDoc::with_key_header), [`optional`](IdempotencyDoc::optional) or
+//! [`with_replay_header`](IdempotencyDoc::with_replay_header) here, or the document is untrue.
 //!
 //! ```
 //! use utoipa::OpenApi;
@@ -62,13 +70,45 @@ pub enum Operations {
 #[derive(Debug, Clone, Copy)]
 pub struct IdempotencyDoc {
     operations: Operations,
+    key_header: &'static str,
+    replay_header: &'static str,
+    key_required: bool,
 }
 
 impl IdempotencyDoc {
     /// Every POST and PATCH operation.
     pub const COVERED_METHODS: IdempotencyDoc = IdempotencyDoc {
         operations: Operations::CoveredMethods,
+        key_header: "Idempotency-Key",
+        replay_header: "Idempotent-Replayed",
+        key_required: true,
     };
+
+    /// The key header's name, for a layer built with
+    /// [`with_header_name`](crate::Idempotency::with_header_name).
+    ///
+    /// ```
+    /// use tower_idempotency::openapi::IdempotencyDoc;
+    /// const DOC: IdempotencyDoc = IdempotencyDoc::COVERED_METHODS.with_key_header("X-Request-Key");
+    /// # let _ = DOC;
+    /// ```
+    pub const fn with_key_header(mut self, name: &'static str) -> Self {
+        self.key_header = name;
+        self
+    }
+
+    /// The replay marker's name, for a layer built with
+    /// [`with_replay_header`](crate::Idempotency::with_replay_header).
+    pub const fn with_replay_header(mut self, name: &'static str) -> Self {
+        self.replay_header = name;
+        self
+    }
+
+    /// The key header is optional, for an [`optional`](crate::Idempotency::optional) layer.
+    pub const fn optional(mut self) -> Self {
+        self.key_required = false;
+        self
+    }
 
     /// The POST and PATCH operations of `paths` only (`"/orders"`, as the document spells them).
     ///
@@ -80,14 +120,26 @@ impl IdempotencyDoc {
     pub const fn paths(paths: &'static [&'static str]) -> Self {
         Self {
             operations: Operations::Paths(paths),
+            ..Self::COVERED_METHODS
         }
     }
 
-    /// Add the header parameter and the layer's answers to one operation.
+    /// Add the header parameter and the layer's answers to one operation, as the default layer
+    /// gives them ([`COVERED_METHODS`](Self::COVERED_METHODS)'s settings).
     pub fn document(operation: &mut Operation) {
+        Self::COVERED_METHODS.document_operation(operation);
+    }
+
+    /// Add the header parameter and the layer's answers to one operation, with these settings.
+    pub fn document_operation(&self, operation: &mut Operation) {
         let parameters = operation.parameters.get_or_insert_with(Vec::new);
-        parameters.retain(|p| !p.name.eq_ignore_ascii_case("idempotency-key"));
-        parameters.push(key_parameter());
+        parameters.retain(|p| !p.name.eq_ignore_ascii_case(self.key_header));
+        parameters.push(self.key_parameter());
+        for (status, response) in operation.responses.responses.iter_mut() {
+            if let (true, RefOr::T(response)) = (status.starts_with('2'), response) {
+                self.replay_headers(response);
+            }
+        }
         for (status, description, retry_after) in ANSWERS {
             let responses = &mut operation.responses.responses;
             match responses.get_mut(*status) {
@@ -125,20 +177,52 @@ const ANSWERS: &[(&str, &str, bool)] = &[
     ("503", "the idempotency store is unavailable; nothing was done, retry after `Retry-After` seconds with the same key", true),
 ];
 
-fn key_parameter() -> Parameter {
-    ParameterBuilder::new()
-        .name("Idempotency-Key")
-        .parameter_in(ParameterIn::Header)
-        .required(Required::True)
-        .description(Some("One unique key per operation (a UUID, for example), sent again unchanged on every retry of it. A retry of a finished request gets the first answer back, with `Idempotent-Replayed: true`."))
-        .schema(Some(
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .min_length(Some(1))
-                .max_length(Some(255))
-                .pattern(Some(KEY_PATTERN)),
-        ))
-        .build()
+impl IdempotencyDoc {
+    fn key_parameter(&self) -> Parameter {
+        let required = if self.key_required {
+            Required::True
+        } else {
+            Required::False
+        };
+        ParameterBuilder::new()
+            .name(self.key_header)
+            .parameter_in(ParameterIn::Header)
+            .required(required)
+            .description(Some(format!(
+                "One unique key per operation (a UUID, for example), sent again unchanged on every retry of it. A retry of a finished request gets the first answer back, with `{}: true`.",
+                self.replay_header
+            )))
+            .schema(Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(1))
+                    .max_length(Some(255))
+                    .pattern(Some(KEY_PATTERN)),
+            ))
+            .build()
+    }
+
+    /// The headers a replay adds to the saved answer.
+    fn replay_headers(&self, response: &mut Response) {
+        let flag = |description: &str| {
+            HeaderBuilder::new()
+                .schema(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .enum_values(Some(["true"])),
+                )
+                .description(Some(description))
+                .build()
+        };
+        response.headers.insert(
+            self.replay_header.to_owned(),
+            flag("`true` when this is the saved first answer to the key, replayed; absent on the first answer"),
+        );
+        response.headers.insert(
+            crate::record::BODY_NOT_KEPT_HEADER.as_str().to_owned(),
+            flag("`true` on a replay whose first answer's body was over the saved-body limit: the body is empty"),
+        );
+    }
 }
 
 fn retry_after_header() -> utoipa::openapi::header::Header {
@@ -210,7 +294,7 @@ impl utoipa::Modify for IdempotencyDoc {
                 .into_iter()
                 .flatten()
             {
-                Self::document(operation);
+                self.document_operation(operation);
                 covered = true;
             }
         }
@@ -220,5 +304,60 @@ impl utoipa::Modify for IdempotencyDoc {
                 .schemas
                 .insert(PROBLEM_SCHEMA.to_owned(), RefOr::T(problem_schema()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use utoipa::openapi::{path::OperationBuilder, ResponseBuilder};
+
+    use super::*;
+
+    fn operation() -> Operation {
+        OperationBuilder::new()
+            .response("201", ResponseBuilder::new().description("Created").build())
+            .build()
+    }
+
+    #[test]
+    fn the_default_layer_is_documented_with_its_replay_headers() {
+        let mut op = operation();
+        IdempotencyDoc::document(&mut op);
+        let key = &op.parameters.as_ref().unwrap()[0];
+        assert_eq!(key.name, "Idempotency-Key");
+        assert!(key.required == Required::True);
+        let RefOr::T(created) = &op.responses.responses["201"] else {
+            panic!("an inline 201");
+        };
+        assert!(created.headers.contains_key("Idempotent-Replayed"));
+        assert!(created.headers.contains_key("idempotent-body-not-kept"));
+        let RefOr::T(conflict) = &op.responses.responses["409"] else {
+            panic!("an inline 409");
+        };
+        assert!(!conflict.headers.contains_key("Idempotent-Replayed"));
+        assert!(conflict.headers.contains_key("Retry-After"));
+    }
+
+    #[test]
+    fn a_configured_layer_is_documented_as_configured() {
+        const DOC: IdempotencyDoc = IdempotencyDoc::paths(&["/orders"])
+            .with_key_header("X-Request-Key")
+            .with_replay_header("X-Replayed")
+            .optional();
+        let mut op = operation();
+        DOC.document_operation(&mut op);
+        let key = &op.parameters.as_ref().unwrap()[0];
+        assert_eq!(key.name, "X-Request-Key");
+        assert!(key.required == Required::False);
+        assert!(key
+            .description
+            .as_deref()
+            .unwrap()
+            .contains("`X-Replayed: true`"));
+        let RefOr::T(created) = &op.responses.responses["201"] else {
+            panic!("an inline 201");
+        };
+        assert!(created.headers.contains_key("X-Replayed"));
+        assert!(!created.headers.contains_key("Idempotent-Replayed"));
     }
 }

@@ -341,7 +341,7 @@ mod tests {
         let store = crate::store::MemoryStore::new();
         let claim = Claim::new(
             KeyHash([7; 32]),
-            crate::Fingerprint::of(&[b"POST"]),
+            crate::fingerprint::Fingerprint::of(&[b"POST"]),
             FencingToken::new(),
             Duration::from_secs(30),
             Duration::from_secs(3600),

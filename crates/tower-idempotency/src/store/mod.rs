@@ -34,9 +34,10 @@ mod record;
     feature = "postgres",
     feature = "sqlite",
     feature = "mysql",
-    feature = "redis"
+    feature = "redis",
+    feature = "admin"
 ))]
-mod time;
+pub(crate) mod time;
 pub use dynamic::{BoxFuture, DynStore, ErasedStore};
 pub use error::{StoreError, StoreErrorKind};
 pub use record::{
@@ -61,6 +62,12 @@ pub use sql::mysql;
 pub use sql::postgres;
 #[cfg(feature = "sqlite")]
 pub use sql::sqlite;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
+pub use sql::table::{InvalidTableName, TableName};
 #[cfg(any(
     feature = "memory",
     feature = "postgres",

@@ -16,6 +16,12 @@ pub(crate) fn to_millis(duration: Duration) -> u64 {
 
 /// The milliseconds a store reported (time left on a lease, or before expiry) as a duration; a
 /// negative count, a time already past, is zero.
+#[cfg(any(
+    feature = "postgres",
+    feature = "sqlite",
+    feature = "mysql",
+    feature = "redis"
+))]
 pub(crate) fn from_millis(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }

@@ -1,7 +1,9 @@
 //! What the SQL stores (PostgreSQL, SQLite, MySQL) share: the migrator, the parameters their statements
 //! bind and the claim row they read ([`Codec`]), the in-process side of waiting
 //! ([`wait_for_change`]), and the conversions between the layer's types and the SQL columns.
-//! The SQL itself stays in each store's file, where the databases differ.
+//! The SQL itself stays in each store's `queries.rs`, where the databases differ, written for
+//! `idempotency_records`; [`TableName::statement`] writes it for the store's table once, when
+//! the store is built.
 
 use std::{future::Future, marker::PhantomData, sync::Arc, time::Duration};
 
@@ -9,8 +11,8 @@ use bytes::Bytes;
 use sqlx::{
     error::BoxDynError,
     migrate::{Migrate, MigrateError, Migration, MigrationType, Migrator},
-    Arguments, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row,
-    SqlSafeStr, Type,
+    Arguments, AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
+    Row, SqlSafeStr, Type,
 };
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -24,6 +26,27 @@ use crate::{
     },
 };
 
+pub(super) use table::TableName;
+
+/// A store's statements, each written for the store's table once, when the store is built
+/// ([`TableName::statement`]): `statements! { struct Queries { field: TEMPLATE, .. } }`.
+macro_rules! statements {
+    ($(#[$doc:meta])* struct $name:ident { $($field:ident: $template:path),* $(,)? }) => {
+        $(#[$doc])*
+        pub(super) struct $name {
+            $(pub(super) $field: sqlx::SqlStr,)*
+        }
+
+        impl $name {
+            pub(super) fn new(table: &crate::store::sql::TableName) -> Self {
+                Self {
+                    $($field: table.statement($template),)*
+                }
+            }
+        }
+    };
+}
+
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) mod batch;
 mod error;
@@ -33,6 +56,7 @@ pub mod mysql;
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub(super) mod table;
 
 /// The per-key wake-ups of the SQL stores.
 pub(super) type Waiters = crate::store::waiters::Waiters<KeyHash>;
@@ -61,13 +85,26 @@ pub(super) async fn wait_for_change(
 /// The table the stores' migrations are tracked in, apart from the application's own.
 const MIGRATIONS_TABLE: &str = "_tower_idempotency_migrations";
 
-/// A migrator over a store's embedded migrations, `(version, description, SQL)` in order,
-/// tracked in [`MIGRATIONS_TABLE`].
-pub(super) fn migrator(migrations: &[(i64, &'static str, &'static str)]) -> Migrator {
-    let migrations = migrations
+/// A store's embedded migrations, and what `check_schema` tells to run or apply.
+pub(super) struct Migrations {
+    /// The store whose `migrate()` applies them.
+    pub(super) store: &'static str,
+    /// The folder of the repository's `migrations/` they are in (`postgres`, `sqlite`, `mysql`).
+    pub(super) folder: &'static str,
+    /// `(version, file, SQL)` in order, the SQL written for the default table.
+    pub(super) files: &'static [(i64, &'static str, &'static str)],
+}
+
+/// A migrator over `migrations`, written for `table` and tracked in its own table
+/// ([`MIGRATIONS_TABLE`] for the default one).
+pub(super) fn migrator(migrations: &Migrations, table: &TableName) -> Migrator {
+    let sqlite = migrations.folder == "sqlite";
+    let files = migrations
+        .files
         .iter()
-        .map(|&(version, description, sql)| {
-            let sql = sql.into_sql_str();
+        .map(|&(version, file, sql)| {
+            let description = file.trim_end_matches(".sql").replace('_', " ");
+            let sql = AssertSqlSafe(table.migration(sql, sqlite)).into_sql_str();
             Migration::new(
                 version,
                 description.into(),
@@ -77,8 +114,8 @@ pub(super) fn migrator(migrations: &[(i64, &'static str, &'static str)]) -> Migr
             )
         })
         .collect();
-    let mut migrator = Migrator::with_migrations(migrations);
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    let mut migrator = Migrator::with_migrations(files);
+    migrator.dangerous_set_table_name(table.migrations_table());
     migrator
 }
 
@@ -148,21 +185,13 @@ pub(super) fn release_abandoned(
     });
 }
 
-/// What `check_schema` names when the table is missing or old: the table, the store whose
-/// `migrate()` creates it, and the folder and files of the repository's `migrations/` to apply.
-pub(super) struct Schema {
-    pub(super) store: &'static str,
-    pub(super) folder: &'static str,
-    pub(super) files: &'static str,
-}
-
 /// Run `check` (a statement that reads every column the store uses and no row); a failure is a
-/// [`StoreErrorKind::Migration`] naming what to run or apply.
+/// [`StoreErrorKind::Migration`] naming the table and what to run or apply.
 pub(super) async fn check_schema<DB>(
     pool: &Pool<DB>,
     check: impl SqlSafeStr,
-    table: &str,
-    schema: &Schema,
+    table: &TableName,
+    migrations: &Migrations,
 ) -> Result<(), StoreError>
 where
     DB: Database,
@@ -174,15 +203,17 @@ where
         .await
         .map(drop)
         .map_err(|err| {
-            let Schema {
-                store,
-                folder,
-                files,
-            } = schema;
+            let Migrations { store, folder, files } = migrations;
+            let files = files.iter().map(|(_, file, _)| *file).collect::<Vec<_>>().join(" and ");
+            let by_hand = if table.as_str() == TableName::default().as_str() {
+                String::new()
+            } else {
+                format!(", with `idempotency_records` replaced by `{table}`")
+            };
             StoreError::new(
                 StoreErrorKind::Migration,
                 format!(
-                    "the table {table} is missing or not current ({err}); call {store}::migrate() at startup, or apply migrations/{folder}/ ({files}) with your migration tool"
+                    "the table {table} is missing or not current ({err}); call {store}::migrate() at startup, or apply migrations/{folder}/ ({files}{by_hand}) with your migration tool"
                 ),
             )
         })

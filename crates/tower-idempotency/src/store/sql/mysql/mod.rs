@@ -64,6 +64,10 @@
 //! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. It takes
 //! sqlx's named lock (`GET_LOCK`), so several instances may call it at start-up at once.
 //!
+//! A store on another table ([`MySqlStore::with_table`]) gets the same schema under that name:
+//! `migrate` creates it and tracks it in `{table}_migrations`. With your own migration tool,
+//! apply the files with `idempotency_records` replaced by the name.
+//!
 //! If you run your own migrations instead, this is the schema the store expects
 //! (`migrations/mysql/0001_idempotency_records.sql`, included here verbatim):
 //!
@@ -86,10 +90,7 @@
 
 use std::{fmt, future::Future, sync::Arc, time::Duration};
 
-use sqlx::{
-    migrate::Migrator,
-    mysql::{MySql, MySqlPool},
-};
+use sqlx::mysql::{MySql, MySqlPool};
 use tokio::time::Instant;
 
 pub use sqlx;
@@ -101,7 +102,7 @@ use crate::{
         record::{
             Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
         },
-        sql::{self, Waiters},
+        sql::{self, TableName, Waiters},
         Store, TransactionalStore,
     },
 };
@@ -109,7 +110,7 @@ use crate::{
 pub(in crate::store) mod error;
 mod queries;
 
-use queries::{CHECK_SCHEMA, CLAIM, COMPLETE, FORGET, GET, LIVE, RELEASE, RENEW, STATS, SWEEP};
+use queries::Queries;
 
 /// The parameters and the claim row, as every SQL store binds and reads them.
 type Codec = sql::Codec<MySql>;
@@ -119,7 +120,7 @@ type Codec = sql::Codec<MySql>;
 /// inserts). Two settle it in practice; more only guard against pathological churn.
 const CLAIM_ATTEMPTS: usize = 8;
 
-/// What the claim statement decided, from its insert id (see [`CLAIM`]).
+/// What the claim statement decided, from its insert id (see `CLAIM` in `queries.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Code {
     /// No row: inserted (insert id 0), or an expired row claimed afresh (1).
@@ -166,15 +167,47 @@ pub struct MySqlStore {
 
 struct Inner {
     pool: MySqlPool,
+    table: TableName,
+    /// The statements for `table`, moved into the tasks that run them.
+    queries: Arc<Queries>,
     waiters: Arc<Waiters>,
 }
 
 impl MySqlStore {
     /// A store on `pool`. Nothing is sent to the database until the first operation.
     pub fn new(pool: MySqlPool) -> Self {
+        Self::build(pool, TableName::default())
+    }
+
+    /// The same store on `table` instead of `idempotency_records`: its statements, migrations
+    /// and [`check_schema`](Self::check_schema) name it (see [`TableName`] for what that means
+    /// for `migrate` and your own migration tool). Nothing is sent to the database.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::{mysql::{sqlx::MySqlPool, MySqlStore}, TableName};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = MySqlPool::connect("mysql://root@localhost/app").await?;
+    /// let store = MySqlStore::new(pool).with_table(TableName::new("idempotency_keys")?);
+    /// store.migrate().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_table(self, table: TableName) -> Self {
+        Self::build(self.inner.pool.clone(), table)
+    }
+
+    /// The table the store keeps its records in.
+    pub fn table(&self) -> &TableName {
+        &self.inner.table
+    }
+
+    fn build(pool: MySqlPool, table: TableName) -> Self {
         Self {
             inner: Arc::new(Inner {
                 pool,
+                queries: Arc::new(Queries::new(&table)),
+                table,
                 waiters: Arc::default(),
             }),
         }
@@ -185,9 +218,11 @@ impl MySqlStore {
         &self.inner.pool
     }
 
-    /// Create or upgrade the `idempotency_records` table.
+    /// Create or upgrade the store's table (`idempotency_records` unless
+    /// [`with_table`](Self::with_table) names another).
     ///
-    /// Applied versions are tracked in `_tower_idempotency_migrations`, so this never touches
+    /// Applied versions are tracked in `_tower_idempotency_migrations` (another table's in
+    /// `{table}_migrations`), so this never touches
     /// the application's `_sqlx_migrations`. Safe to call on every start, from several processes
     /// at once: sqlx serialises them with a named lock (`GET_LOCK`).
     ///
@@ -197,7 +232,8 @@ impl MySqlStore {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        sql::migrate(&self.inner.pool, &migrator(), 1).await
+        let migrator = sql::migrator(&MIGRATIONS, &self.inner.table);
+        sql::migrate(&self.inner.pool, &migrator, 1).await
     }
 
     /// Check, without changing anything, that `idempotency_records` exists with every column
@@ -210,30 +246,21 @@ impl MySqlStore {
     /// # }
     /// ```
     pub async fn check_schema(&self) -> Result<(), StoreError> {
-        sql::check_schema(
-            &self.inner.pool,
-            CHECK_SCHEMA,
-            "idempotency_records",
-            &SCHEMA,
-        )
-        .await
+        let check = self.inner.queries.check_schema.clone();
+        sql::check_schema(&self.inner.pool, check, &self.inner.table, &MIGRATIONS).await
     }
 }
 
-/// What `check_schema` tells to run or apply.
-const SCHEMA: sql::Schema = sql::Schema {
+/// The embedded migrations, written for `idempotency_records`.
+const MIGRATIONS: sql::Migrations = sql::Migrations {
     store: "MySqlStore",
     folder: "mysql",
-    files: "0001_idempotency_records.sql",
-};
-
-fn migrator() -> Migrator {
-    sql::migrator(&[(
+    files: &[(
         1,
-        "idempotency records",
+        "0001_idempotency_records.sql",
         include_str!("../../../../migrations/mysql/0001_idempotency_records.sql"),
-    )])
-}
+    )],
+};
 
 impl fmt::Debug for MySqlStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -250,12 +277,12 @@ impl Store for MySqlStore {
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         let claim = claim.clone();
-        let pool = self.inner.pool.clone();
+        let (pool, queries) = (self.inner.pool.clone(), self.inner.queries.clone());
         // Both statements on one connection: each pool checkout costs sqlx a ping.
         detached::<_, sqlx::Error>(async move {
             let mut conn = pool.acquire().await?;
             for _ in 0..CLAIM_ATTEMPTS {
-                let live = sqlx::query(LIVE)
+                let live = sqlx::query(queries.live.clone())
                     .bind(claim.fingerprint.as_bytes().as_slice())
                     .bind(claim.key.as_bytes().as_slice())
                     .bind(claim.fingerprint.as_bytes().as_slice())
@@ -268,7 +295,7 @@ impl Store for MySqlStore {
                     Ok(arguments) => arguments,
                     Err(err) => return Ok(Err(err)),
                 };
-                let done = sqlx::query_with(CLAIM, arguments)
+                let done = sqlx::query_with(queries.claim.clone(), arguments)
                     .execute(&mut *conn)
                     .await?;
                 match Code::from_insert_id(done.last_insert_id()) {
@@ -294,7 +321,10 @@ impl Store for MySqlStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Fenced, StoreError> {
-        let write = sqlx::query_with(RENEW, Codec::renew_set_first(key, token, lease)?);
+        let write = sqlx::query_with(
+            self.inner.queries.renew.clone(),
+            Codec::renew_set_first(key, token, lease)?,
+        );
         let pool = self.inner.pool.clone();
         let done = detached(async move { write.execute(&pool).await }).await?;
         Ok(Fenced::from_rows(done.rows_affected()))
@@ -306,7 +336,10 @@ impl Store for MySqlStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        let write = sqlx::query_with(COMPLETE, Codec::complete_set_first(key, token, response)?);
+        let write = sqlx::query_with(
+            self.inner.queries.complete.clone(),
+            Codec::complete_set_first(key, token, response)?,
+        );
         let pool = self.inner.pool.clone();
         let done = detached(async move { write.execute(&pool).await }).await?;
         Ok(self
@@ -315,7 +348,7 @@ impl Store for MySqlStore {
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        let write = sqlx::query_with(RELEASE, Codec::held(key, token)?);
+        let write = sqlx::query_with(self.inner.queries.release.clone(), Codec::held(key, token)?);
         let pool = self.inner.pool.clone();
         let done = detached(async move { write.execute(&pool).await }).await?;
         Ok(self
@@ -324,7 +357,7 @@ impl Store for MySqlStore {
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
-        let write = sqlx::query(SWEEP).bind(i64::from(batch));
+        let write = sqlx::query(self.inner.queries.sweep.clone()).bind(i64::from(batch));
         let pool = self.inner.pool.clone();
         let done = detached(async move { write.execute(&pool).await }).await?;
         Ok(done.rows_affected())
@@ -338,11 +371,13 @@ impl Store for MySqlStore {
     }
 
     async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
-        detached(Codec::get(self.inner.pool.clone(), GET, *key)).await
+        let get = self.inner.queries.get.clone();
+        detached(Codec::get(self.inner.pool.clone(), get, *key)).await
     }
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
-        let forgot = detached(Codec::forget(self.inner.pool.clone(), FORGET, *key)).await?;
+        let forget = self.inner.queries.forget.clone();
+        let forgot = detached(Codec::forget(self.inner.pool.clone(), forget, *key)).await?;
         if forgot {
             self.inner.waiters.wake(key);
         }
@@ -350,7 +385,7 @@ impl Store for MySqlStore {
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
-        let read = sqlx::query_as(STATS);
+        let read = sqlx::query_as(self.inner.queries.stats.clone());
         let pool = self.inner.pool.clone();
         let row = detached(async move { read.fetch_one(&pool).await }).await?;
         sql::stats_of(row)
@@ -375,7 +410,10 @@ impl TransactionalStore for MySqlStore {
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
         let done = sqlx::raw_sql(sqlx::AssertSqlSafe(queries::complete_text(
-            key, token, response,
+            &self.inner.table,
+            key,
+            token,
+            response,
         )))
         .execute(&mut **tx)
         .await?;

@@ -6,7 +6,10 @@
 
 use crate::{
     key::{self, KeyHash},
-    store::record::{FencingToken, StoredResponse},
+    store::{
+        record::{FencingToken, StoredResponse},
+        sql::TableName,
+    },
 };
 
 /// The database's clock in milliseconds since the Unix epoch.
@@ -87,13 +90,17 @@ WHERE `key` = ? AND token = ? AND state = 'running'
 /// `detached`). Every value is the layer's own bytes written as a hex literal, and the status a
 /// number: no text from a request reaches the statement.
 pub(super) fn complete_text(
+    table: &TableName,
     key: &KeyHash,
     token: FencingToken,
     response: &StoredResponse,
 ) -> String {
     let headers = response.encode_headers();
-    let mut sql = String::with_capacity(160 + 2 * (headers.len() + response.body.len()));
-    sql.push_str("UPDATE idempotency_records SET state = 'done', status = ");
+    let capacity = 160 + table.as_str().len() + 2 * (headers.len() + response.body.len());
+    let mut sql = String::with_capacity(capacity);
+    sql.push_str("UPDATE ");
+    sql.push_str(table.as_str());
+    sql.push_str(" SET state = 'done', status = ");
     sql.push_str(&response.status.as_u16().to_string());
     sql.push_str(", headers = ");
     push_hex(&mut sql, &headers);
@@ -182,6 +189,22 @@ LIMIT ?
 "
 );
 
+statements! {
+    /// The store's statements for its table.
+    struct Queries {
+        live: LIVE,
+        claim: CLAIM,
+        renew: RENEW,
+        complete: COMPLETE,
+        release: RELEASE,
+        sweep: SWEEP,
+        check_schema: CHECK_SCHEMA,
+        get: GET,
+        forget: FORGET,
+        stats: STATS,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,7 +217,8 @@ mod tests {
             bytes::Bytes::from_static(b"\x00'\\;"),
         );
         let token = FencingToken::from_uuid(uuid::Uuid::from_bytes([0xab; 16]));
-        let sql = complete_text(&KeyHash([1; 32]), token, &response);
+        let sql = complete_text(&TableName::default(), &KeyHash([1; 32]), token, &response);
+        assert!(sql.starts_with("UPDATE idempotency_records SET"), "{sql}");
         assert!(
             sql.contains("status = 201, headers = X'', body = X'00275c3b'"),
             "{sql}"

@@ -9,9 +9,10 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use sqlx::{postgres::PgPool, Row};
+use sqlx::{postgres::PgPool, Row, SqlStr};
 
 use super::{queries::RELEASE, Codec, CHANNEL, CLAIM_ATTEMPTS};
+use crate::store::sql::TableName;
 use crate::{
     key::KeyHash,
     store::{
@@ -134,7 +135,20 @@ const NOTIFY_MANY: &str = "SELECT pg_notify($1, k) FROM unnest($2::text[]) AS k"
 
 /// Runs batches of claims.
 pub(super) struct Claims {
-    pub(super) pool: PgPool,
+    pool: PgPool,
+    /// [`CLAIM_MANY`] and the one-key release, for the store's table.
+    claim_many: SqlStr,
+    release: SqlStr,
+}
+
+impl Claims {
+    pub(super) fn new(pool: PgPool, table: &TableName) -> Self {
+        Self {
+            pool,
+            claim_many: table.statement(CLAIM_MANY),
+            release: table.statement(RELEASE),
+        }
+    }
 }
 
 impl Runner for Claims {
@@ -161,7 +175,7 @@ impl Runner for Claims {
             if round.is_empty() {
                 break;
             }
-            let rows = retry_conflicts(|| claim_many(&self.pool, claims, &round)).await?;
+            let rows = retry_conflicts(|| self.claim_many(claims, &round)).await?;
             for row in &rows {
                 let n: i64 = row.try_get("n")?;
                 let index = usize::try_from(n - 1)
@@ -197,10 +211,10 @@ impl Runner for Claims {
         if !matches!(outcome, ClaimOutcome::Claimed { .. }) {
             return;
         }
-        let pool = self.pool.clone();
+        let (pool, release) = (self.pool.clone(), self.release.clone());
         sql::release_abandoned(async move {
             let held = Codec::held(&claim.key, claim.token)?;
-            sqlx::query_with(RELEASE, held).execute(&pool).await?;
+            sqlx::query_with(release, held).execute(&pool).await?;
             Ok(())
         });
     }
@@ -215,21 +229,23 @@ fn duplicate_of(outcome: &ClaimOutcome, first: &Claim) -> ClaimOutcome {
 }
 
 /// One round of [`CLAIM_MANY`] over the entries `round` of `claims`.
-async fn claim_many(
-    pool: &PgPool,
-    claims: &[Claim],
-    round: &[usize],
-) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
-    let picked = || round.iter().map(|&i| &claims[i]);
-    let rows = sqlx::query(CLAIM_MANY)
-        .bind(picked().map(|c| c.key.0).collect::<Vec<_>>())
-        .bind(picked().map(|c| c.fingerprint.0).collect::<Vec<_>>())
-        .bind(picked().map(|c| c.token.as_uuid()).collect::<Vec<_>>())
-        .bind(picked().map(|c| millis(c.lease)).collect::<Vec<_>>())
-        .bind(picked().map(|c| millis(c.ttl)).collect::<Vec<_>>())
-        .fetch_all(pool)
-        .await?;
-    Ok(rows)
+impl Claims {
+    async fn claim_many(
+        &self,
+        claims: &[Claim],
+        round: &[usize],
+    ) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
+        let picked = || round.iter().map(|&i| &claims[i]);
+        let rows = sqlx::query(self.claim_many.clone())
+            .bind(picked().map(|c| c.key.0).collect::<Vec<_>>())
+            .bind(picked().map(|c| c.fingerprint.0).collect::<Vec<_>>())
+            .bind(picked().map(|c| c.token.as_uuid()).collect::<Vec<_>>())
+            .bind(picked().map(|c| millis(c.lease)).collect::<Vec<_>>())
+            .bind(picked().map(|c| millis(c.ttl)).collect::<Vec<_>>())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows)
+    }
 }
 
 /// Run `statement` again while the database aborts it over a conflict with a concurrent one.
@@ -282,8 +298,10 @@ pub(super) enum WriteKind {
 /// Runs batches of token-checked writes of one kind, then notifies the waiters of the records
 /// that were watched.
 pub(super) struct Writes {
-    pub(super) pool: PgPool,
-    pub(super) kind: WriteKind,
+    pool: PgPool,
+    kind: WriteKind,
+    /// The statement of `kind`, for the store's table.
+    statement: SqlStr,
 }
 
 impl Runner for Writes {
@@ -324,6 +342,19 @@ impl Runner for Writes {
 }
 
 impl Writes {
+    pub(super) fn new(pool: PgPool, kind: WriteKind, table: &TableName) -> Self {
+        let template = match kind {
+            WriteKind::Complete => COMPLETE_MANY,
+            WriteKind::Release => RELEASE_MANY,
+            WriteKind::Renew => RENEW_MANY,
+        };
+        Self {
+            pool,
+            kind,
+            statement: table.statement(template),
+        }
+    }
+
     async fn write_many(&self, writes: &[Write]) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
         let keys = || writes.iter().map(|w| w.key.0).collect::<Vec<_>>();
         let tokens = || writes.iter().map(|w| w.token.as_uuid()).collect::<Vec<_>>();
@@ -344,7 +375,7 @@ impl Writes {
                     headers.push(encoded);
                     bodies.push(body);
                 }
-                sqlx::query(COMPLETE_MANY)
+                sqlx::query(self.statement.clone())
                     .bind(keys())
                     .bind(tokens())
                     .bind(statuses)
@@ -354,7 +385,7 @@ impl Writes {
                     .await
             }
             WriteKind::Release => {
-                sqlx::query(RELEASE_MANY)
+                sqlx::query(self.statement.clone())
                     .bind(keys())
                     .bind(tokens())
                     .fetch_all(&self.pool)
@@ -368,7 +399,7 @@ impl Writes {
                         _ => 1,
                     })
                     .collect();
-                sqlx::query(RENEW_MANY)
+                sqlx::query(self.statement.clone())
                     .bind(keys())
                     .bind(tokens())
                     .bind(leases)

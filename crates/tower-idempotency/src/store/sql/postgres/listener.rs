@@ -9,7 +9,7 @@ use std::{
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use tokio::{sync::watch, time::Instant};
 
-use super::{queries::WATCH, Inner, CHANNEL};
+use super::{Inner, CHANNEL};
 use crate::{key::KeyHash, store::sql::Waiters};
 
 /// How long after a failed start the listener is tried again; waiting sleeps meanwhile.
@@ -64,7 +64,7 @@ impl Inner {
             tokio::time::sleep_until(deadline).await;
             return false;
         }
-        let watch = sqlx::query_scalar::<_, bool>(WATCH)
+        let watch = sqlx::query_scalar::<_, bool>(self.queries.watch.clone())
             .bind(key.as_bytes().as_slice())
             .fetch_one(&self.pool);
         match tokio::time::timeout_at(deadline, watch).await {

@@ -49,6 +49,10 @@
 //! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. It takes
 //! sqlx's advisory lock, so several instances may call it at start-up at once.
 //!
+//! A store on another table ([`PostgresStore::with_table`]) gets the same schema under that name:
+//! `migrate` creates it and tracks it in `{table}_migrations`. With your own migration tool,
+//! apply the files with `idempotency_records` replaced by the name.
+//!
 //! If you run your own migrations instead, this is the schema the store expects
 //! (`migrations/postgres/0001_idempotency_records.sql` and `0002_watched.sql`, included here verbatim):
 //!
@@ -85,10 +89,7 @@ use std::{
     time::Duration,
 };
 
-use sqlx::{
-    migrate::Migrator,
-    postgres::{PgConnection, PgPool, PgPoolOptions, Postgres},
-};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, Postgres};
 use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
@@ -103,7 +104,7 @@ use crate::{
         sql::{
             self,
             batch::{BatchStats, Batcher, Batching, Counters},
-            Waiters,
+            TableName, Waiters,
         },
         Store, TransactionalStore,
     },
@@ -116,7 +117,7 @@ mod queries;
 
 use batch::{Change, Claims, Write, WriteKind, Writes};
 use listener::ListenerState;
-use queries::{CHECK_SCHEMA, CLAIM_LOCKED, COMPLETE, FORGET, GET, NOTIFY, STATS, SWEEP};
+use queries::{Queries, NOTIFY};
 
 /// The parameters and the claim row, as both SQL stores bind and read them.
 type Codec = sql::Codec<Postgres>;
@@ -147,6 +148,9 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: PgPool,
+    batching: Batching,
+    table: TableName,
+    queries: Queries,
     claims: Batcher<Claims>,
     completes: Batcher<Writes>,
     releases: Batcher<Writes>,
@@ -179,21 +183,38 @@ impl PostgresStore {
     /// # }
     /// ```
     pub fn with_batching(pool: PgPool, batching: Batching) -> Self {
+        Self::build(pool, batching, TableName::default())
+    }
+
+    /// The same store on `table` instead of `idempotency_records`: its statements, migrations
+    /// and [`check_schema`](Self::check_schema) name it (see [`TableName`] for what that means
+    /// for `migrate` and your own migration tool). Nothing is sent to the database.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::{postgres::{sqlx::PgPool, PostgresStore}, TableName};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = PgPool::connect("postgres://postgres@localhost/app").await?;
+    /// let store = PostgresStore::new(pool).with_table(TableName::new("billing.idempotency")?);
+    /// store.migrate().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_table(self, table: TableName) -> Self {
+        Self::build(self.inner.pool.clone(), self.inner.batching, table)
+    }
+
+    fn build(pool: PgPool, batching: Batching, table: TableName) -> Self {
         let batches = Arc::new(Counters::default());
         let batch_pool = batch_pool(&pool, batching);
         let writes = |kind| {
-            let runner = Writes {
-                pool: batch_pool.clone(),
-                kind,
-            };
+            let runner = Writes::new(batch_pool.clone(), kind, &table);
             Batcher::new(runner, batching, batches.clone())
         };
         Self {
             inner: Arc::new(Inner {
                 claims: Batcher::new(
-                    Claims {
-                        pool: batch_pool.clone(),
-                    },
+                    Claims::new(batch_pool.clone(), &table),
                     batching,
                     batches.clone(),
                 ),
@@ -202,11 +223,19 @@ impl PostgresStore {
                 renewals: writes(WriteKind::Renew),
                 batches,
                 pool,
+                batching,
+                queries: Queries::new(&table),
+                table,
                 waiters: Arc::default(),
                 listener: Mutex::default(),
                 listening: Arc::new(watch::channel(false).0),
             }),
         }
+    }
+
+    /// The table the store keeps its records in.
+    pub fn table(&self) -> &TableName {
+        &self.inner.table
     }
 
     /// The pool the store runs on.
@@ -219,9 +248,11 @@ impl PostgresStore {
         self.inner.batches.snapshot()
     }
 
-    /// Create or upgrade the `idempotency_records` table.
+    /// Create or upgrade the store's table (`idempotency_records` unless
+    /// [`with_table`](Self::with_table) names another).
     ///
-    /// Applied versions are tracked in `_tower_idempotency_migrations`, so this never touches
+    /// Applied versions are tracked in `_tower_idempotency_migrations` (another table's in
+    /// `{table}_migrations`), so this never touches
     /// the application's `_sqlx_migrations`. Safe to call on every start, from several processes
     /// at once: sqlx serialises them with an advisory lock.
     ///
@@ -231,7 +262,8 @@ impl PostgresStore {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        sql::migrate(&self.inner.pool, &migrator(), 1).await
+        let migrator = sql::migrator(&MIGRATIONS, &self.inner.table);
+        sql::migrate(&self.inner.pool, &migrator, 1).await
     }
 
     /// Check, without changing anything, that the table this store writes exists with every
@@ -247,13 +279,8 @@ impl PostgresStore {
     /// # }
     /// ```
     pub async fn check_schema(&self) -> Result<(), StoreError> {
-        sql::check_schema(
-            &self.inner.pool,
-            CHECK_SCHEMA,
-            "idempotency_records",
-            &SCHEMA,
-        )
-        .await
+        let check = self.inner.queries.check_schema.clone();
+        sql::check_schema(&self.inner.pool, check, &self.inner.table, &MIGRATIONS).await
     }
 }
 
@@ -282,27 +309,23 @@ fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
         .connect_lazy_with(options)
 }
 
-/// What `check_schema` tells to run or apply.
-const SCHEMA: sql::Schema = sql::Schema {
+/// The embedded migrations, written for `idempotency_records`.
+const MIGRATIONS: sql::Migrations = sql::Migrations {
     store: "PostgresStore",
     folder: "postgres",
-    files: "0001_idempotency_records.sql and 0002_watched.sql",
-};
-
-fn migrator() -> Migrator {
-    sql::migrator(&[
+    files: &[
         (
             1,
-            "idempotency records",
+            "0001_idempotency_records.sql",
             include_str!("../../../../migrations/postgres/0001_idempotency_records.sql"),
         ),
         (
             2,
-            "watched records",
+            "0002_watched.sql",
             include_str!("../../../../migrations/postgres/0002_watched.sql"),
         ),
-    ])
-}
+    ],
+};
 
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -371,7 +394,7 @@ impl Store for PostgresStore {
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(SWEEP)
+        let done = sqlx::query(self.inner.queries.sweep.clone())
             .bind(i64::from(batch))
             .execute(&self.inner.pool)
             .await?;
@@ -387,15 +410,18 @@ impl Store for PostgresStore {
     }
 
     async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
-        Codec::get(self.inner.pool.clone(), GET, *key).await
+        let get = self.inner.queries.get.clone();
+        Codec::get(self.inner.pool.clone(), get, *key).await
     }
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
-        Codec::forget(self.inner.pool.clone(), FORGET, *key).await
+        let forget = self.inner.queries.forget.clone();
+        Codec::forget(self.inner.pool.clone(), forget, *key).await
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
-        let row = sqlx::query_as(STATS).fetch_one(&self.inner.pool).await?;
+        let stats = self.inner.queries.stats.clone();
+        let row = sqlx::query_as(stats).fetch_one(&self.inner.pool).await?;
         sql::stats_of(row)
     }
 }
@@ -414,23 +440,26 @@ impl TransactionalStore for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        complete_on(tx, key, token, response).await
+        complete_on(&self.inner.queries, tx, key, token, response).await
     }
 }
 
-/// [`COMPLETE`] on a pooled connection or inside a transaction, then the notification if a
-/// waiter watches the record. The statement returns one row per record it completed, so its
-/// row count is the fencing result.
+/// The one-key `COMPLETE` on a connection (inside the handler's transaction), then the
+/// notification if a waiter watches the record. The statement returns one row per record it
+/// completed, so its row count is the fencing result.
 async fn complete_on(
+    queries: &Queries,
     conn: &mut PgConnection,
     key: &KeyHash,
     token: FencingToken,
     response: &StoredResponse,
 ) -> Result<Fenced, StoreError> {
-    let watched: Option<bool> =
-        sqlx::query_scalar_with(COMPLETE, Codec::complete(key, token, response)?)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let watched: Option<bool> = sqlx::query_scalar_with(
+        queries.complete.clone(),
+        Codec::complete(key, token, response)?,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
     notify_if_watched(conn, key, watched).await
 }
 
@@ -465,10 +494,13 @@ impl PostgresStore {
         let mut lock_key = [0u8; 8];
         lock_key.copy_from_slice(&claim.key.as_bytes()[..8]);
         for _ in 0..CLAIM_ATTEMPTS {
-            let row = sqlx::query_with(CLAIM_LOCKED, Codec::claim(claim)?)
-                .bind(i64::from_be_bytes(lock_key))
-                .fetch_optional(&mut *conn)
-                .await?;
+            let row = sqlx::query_with(
+                self.inner.queries.claim_locked.clone(),
+                Codec::claim(claim)?,
+            )
+            .bind(i64::from_be_bytes(lock_key))
+            .fetch_optional(&mut *conn)
+            .await?;
             if let Some(row) = row {
                 return Codec::claim_outcome(&row);
             }

@@ -199,3 +199,17 @@ LEFT JOIN (
     LIMIT 1
 ) AS oldest ON true
 "#;
+
+statements! {
+    /// The store's statements for its table (the batched ones are in `batch.rs`).
+    struct Queries {
+        claim_locked: CLAIM_LOCKED,
+        complete: COMPLETE,
+        watch: WATCH,
+        sweep: SWEEP,
+        check_schema: CHECK_SCHEMA,
+        get: GET,
+        forget: FORGET,
+        stats: STATS,
+    }
+}

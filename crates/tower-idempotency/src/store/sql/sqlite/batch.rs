@@ -12,11 +12,7 @@ use std::sync::Arc;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use tokio::sync::Mutex;
 
-use super::{
-    complete_on,
-    queries::{CLAIM, RELEASE, RENEW},
-    Codec,
-};
+use super::{complete_on, queries::Queries, Codec};
 use crate::{
     key::KeyHash,
     store::{
@@ -57,6 +53,8 @@ pub(super) enum Written {
 /// Runs batches of writes in one transaction each.
 pub(super) struct Writes {
     pub(super) pool: SqlitePool,
+    /// The store's statements, for its table.
+    pub(super) queries: Arc<Queries>,
     pub(super) writers: Arc<Mutex<()>>,
     /// Called with the key of every applied save or release once it is committed.
     pub(super) announce: Arc<dyn Fn(&KeyHash) + Send + Sync>,
@@ -74,7 +72,7 @@ impl Runner for Writes {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut results = Vec::with_capacity(writes.len());
         for write in writes {
-            results.push(write_one(&mut tx, write).await);
+            results.push(write_one(&self.queries, &mut tx, write).await);
         }
         tx.commit().await?;
         for (write, result) in writes.iter().zip(&results) {
@@ -100,7 +98,7 @@ impl Runner for Writes {
         sql::release_abandoned(async move {
             let _writer = writes.writers.lock().await;
             let held = Codec::held(&claim.key, claim.token)?;
-            sqlx::query_with(RELEASE, held)
+            sqlx::query_with(writes.queries.release.clone(), held)
                 .execute(&writes.pool)
                 .await?;
             Ok(())
@@ -108,10 +106,14 @@ impl Runner for Writes {
     }
 }
 
-async fn write_one(conn: &mut SqliteConnection, write: &Write) -> Result<Written, StoreError> {
+async fn write_one(
+    queries: &Queries,
+    conn: &mut SqliteConnection,
+    write: &Write,
+) -> Result<Written, StoreError> {
     match write {
         Write::Claim(claim) => {
-            let row = sqlx::query_with(CLAIM, Codec::claim(claim)?)
+            let row = sqlx::query_with(queries.claim.clone(), Codec::claim(claim)?)
                 .fetch_one(&mut *conn)
                 .await?;
             Ok(Written::Claim(Codec::claim_outcome(&row)?))
@@ -121,16 +123,16 @@ async fn write_one(conn: &mut SqliteConnection, write: &Write) -> Result<Written
             token,
             response,
         } => Ok(Written::Fenced(
-            complete_on(&mut *conn, key, *token, response).await?,
+            complete_on(queries, &mut *conn, key, *token, response).await?,
         )),
         Write::Release { key, token } => {
-            let done = sqlx::query_with(RELEASE, Codec::held(key, *token)?)
+            let done = sqlx::query_with(queries.release.clone(), Codec::held(key, *token)?)
                 .execute(&mut *conn)
                 .await?;
             Ok(Written::Fenced(Fenced::from_rows(done.rows_affected())))
         }
         Write::Renew { key, token, lease } => {
-            let done = sqlx::query_with(RENEW, Codec::renew(key, *token, *lease)?)
+            let done = sqlx::query_with(queries.renew.clone(), Codec::renew(key, *token, *lease)?)
                 .execute(&mut *conn)
                 .await?;
             Ok(Written::Fenced(Fenced::from_rows(done.rows_affected())))

@@ -63,6 +63,10 @@
 //! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. Several
 //! processes may call it at start-up at once.
 //!
+//! A store on another table ([`SqliteStore::with_table`]) gets the same schema under that name:
+//! `migrate` creates it and tracks it in `{table}_migrations`. With your own migration tool,
+//! apply the files with `idempotency_records` replaced by the name.
+//!
 //! If you run your own migrations instead, this is the schema the store expects
 //! (`migrations/sqlite/0001_idempotency_records.sql`, included here verbatim):
 //!
@@ -84,10 +88,7 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use sqlx::{
-    migrate::Migrator,
-    sqlite::{Sqlite, SqlitePool},
-};
+use sqlx::sqlite::{Sqlite, SqlitePool};
 use tokio::{sync::Mutex, time::Instant};
 
 pub use sqlx;
@@ -102,7 +103,7 @@ use crate::{
         sql::{
             self,
             batch::{BatchStats, Batcher, Batching, Counters},
-            Waiters,
+            TableName, Waiters,
         },
         Store, TransactionalStore,
     },
@@ -113,7 +114,7 @@ pub(in crate::store) mod error;
 mod queries;
 
 use batch::{Write, Writes, Written};
-use queries::{CHECK_SCHEMA, COMPLETE, FORGET, GET, LIVE, STATS, SWEEP};
+use queries::Queries;
 
 /// The parameters and the claim row, as both SQL stores bind and read them.
 type Codec = sql::Codec<Sqlite>;
@@ -141,6 +142,10 @@ pub struct SqliteStore {
 
 struct Inner {
     pool: SqlitePool,
+    batching: Batching,
+    table: TableName,
+    /// The statements for `table`, shared with the batch runner.
+    queries: Arc<Queries>,
     /// Every write of the store, batched (see [Group commit](self#group-commit)).
     writes: Batcher<Writes>,
     batches: Arc<Counters>,
@@ -170,6 +175,34 @@ impl SqliteStore {
     /// # }
     /// ```
     pub fn with_batching(pool: SqlitePool, batching: Batching) -> Self {
+        Self::build(pool, batching, TableName::default())
+    }
+
+    /// The same store on `table` instead of `idempotency_records`: its statements, migrations
+    /// and [`check_schema`](Self::check_schema) name it (see [`TableName`] for what that means
+    /// for `migrate` and your own migration tool). Nothing is sent to the database.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::{sqlite::{sqlx::SqlitePool, SqliteStore}, TableName};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = SqlitePool::connect("sqlite://app.db?mode=rwc").await?;
+    /// let store = SqliteStore::new(pool).with_table(TableName::new("idempotency_keys")?);
+    /// store.migrate().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_table(self, table: TableName) -> Self {
+        Self::build(self.inner.pool.clone(), self.inner.batching, table)
+    }
+
+    /// The table the store keeps its records in.
+    pub fn table(&self) -> &TableName {
+        &self.inner.table
+    }
+
+    fn build(pool: SqlitePool, batching: Batching, table: TableName) -> Self {
+        let queries = Arc::new(Queries::new(&table));
         let waiters: Arc<Waiters> = Arc::default();
         let writers: Arc<Mutex<()>> = Arc::default();
         let batches = Arc::new(Counters::default());
@@ -179,6 +212,7 @@ impl SqliteStore {
         };
         let runner = Writes {
             pool: pool.clone(),
+            queries: queries.clone(),
             writers: writers.clone(),
             announce,
         };
@@ -187,6 +221,9 @@ impl SqliteStore {
                 writes: Batcher::new(runner, batching.pipeline(1), batches.clone()),
                 batches,
                 pool,
+                batching,
+                table,
+                queries,
                 waiters,
                 writers,
             }),
@@ -203,9 +240,11 @@ impl SqliteStore {
         &self.inner.pool
     }
 
-    /// Create or upgrade the `idempotency_records` table.
+    /// Create or upgrade the store's table (`idempotency_records` unless
+    /// [`with_table`](Self::with_table) names another).
     ///
-    /// Applied versions are tracked in `_tower_idempotency_migrations`, so this never touches
+    /// Applied versions are tracked in `_tower_idempotency_migrations` (another table's in
+    /// `{table}_migrations`), so this never touches
     /// the application's `_sqlx_migrations`. Safe to call on every start, from several processes
     /// at once: the schema is created with `IF NOT EXISTS`, and a run that loses the race to
     /// record a version runs again and finds it applied.
@@ -216,7 +255,8 @@ impl SqliteStore {
     /// # }
     /// ```
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        sql::migrate(&self.inner.pool, &migrator(), MIGRATE_ATTEMPTS).await
+        let migrator = sql::migrator(&MIGRATIONS, &self.inner.table);
+        sql::migrate(&self.inner.pool, &migrator, MIGRATE_ATTEMPTS).await
     }
 
     /// Check, without changing anything, that the table this store writes exists with every
@@ -232,30 +272,21 @@ impl SqliteStore {
     /// # }
     /// ```
     pub async fn check_schema(&self) -> Result<(), StoreError> {
-        sql::check_schema(
-            &self.inner.pool,
-            CHECK_SCHEMA,
-            "idempotency_records",
-            &SCHEMA,
-        )
-        .await
+        let check = self.inner.queries.check_schema.clone();
+        sql::check_schema(&self.inner.pool, check, &self.inner.table, &MIGRATIONS).await
     }
 }
 
-/// What `check_schema` tells to run or apply.
-const SCHEMA: sql::Schema = sql::Schema {
+/// The embedded migrations, written for `idempotency_records`.
+const MIGRATIONS: sql::Migrations = sql::Migrations {
     store: "SqliteStore",
     folder: "sqlite",
-    files: "0001_idempotency_records.sql",
-};
-
-fn migrator() -> Migrator {
-    sql::migrator(&[(
+    files: &[(
         1,
-        "idempotency records",
+        "0001_idempotency_records.sql",
         include_str!("../../../../migrations/sqlite/0001_idempotency_records.sql"),
-    )])
-}
+    )],
+};
 
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -271,7 +302,7 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        let live = sqlx::query(LIVE)
+        let live = sqlx::query(self.inner.queries.live.clone())
             .bind(claim.key.as_bytes().as_slice())
             .bind(claim.fingerprint.as_bytes().as_slice())
             .fetch_optional(&self.inner.pool)
@@ -326,7 +357,7 @@ impl Store for SqliteStore {
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
         let _writer = self.inner.writers.lock().await;
-        let done = sqlx::query(SWEEP)
+        let done = sqlx::query(self.inner.queries.sweep.clone())
             .bind(i64::from(batch))
             .execute(&self.inner.pool)
             .await?;
@@ -340,15 +371,18 @@ impl Store for SqliteStore {
     }
 
     async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
-        Codec::get(self.inner.pool.clone(), GET, *key).await
+        let get = self.inner.queries.get.clone();
+        Codec::get(self.inner.pool.clone(), get, *key).await
     }
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
-        Codec::forget(self.inner.pool.clone(), FORGET, *key).await
+        let forget = self.inner.queries.forget.clone();
+        Codec::forget(self.inner.pool.clone(), forget, *key).await
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
-        let row = sqlx::query_as(STATS).fetch_one(&self.inner.pool).await?;
+        let stats = self.inner.queries.stats.clone();
+        let row = sqlx::query_as(stats).fetch_one(&self.inner.pool).await?;
         sql::stats_of(row)
     }
 }
@@ -379,7 +413,7 @@ impl TransactionalStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        let fenced = complete_on(&mut **tx, key, token, response).await?;
+        let fenced = complete_on(&self.inner.queries, &mut **tx, key, token, response).await?;
         Ok(self.inner.announce(key, fenced))
     }
 }
@@ -405,14 +439,18 @@ impl Inner {
 
 /// [`COMPLETE`] on a pool or inside a transaction.
 async fn complete_on<'e>(
+    queries: &Queries,
     executor: impl sqlx::SqliteExecutor<'e>,
     key: &KeyHash,
     token: FencingToken,
     response: &StoredResponse,
 ) -> Result<Fenced, StoreError> {
-    let done = sqlx::query_with(COMPLETE, Codec::complete(key, token, response)?)
-        .execute(executor)
-        .await?;
+    let done = sqlx::query_with(
+        queries.complete.clone(),
+        Codec::complete(key, token, response)?,
+    )
+    .execute(executor)
+    .await?;
     Ok(Fenced::from_rows(done.rows_affected()))
 }
 

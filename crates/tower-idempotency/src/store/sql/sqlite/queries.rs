@@ -133,3 +133,19 @@ SELECT count(CASE WHEN r.state = 'running' AND r.expires_at > clock.now THEN 1 E
     max(clock.now) - (SELECT created_at FROM oldest)
 FROM clock LEFT JOIN idempotency_records AS r ON 1
 "#;
+
+statements! {
+    /// The store's statements for its table.
+    struct Queries {
+        live: LIVE,
+        claim: CLAIM,
+        renew: RENEW,
+        complete: COMPLETE,
+        release: RELEASE,
+        sweep: SWEEP,
+        check_schema: CHECK_SCHEMA,
+        get: GET,
+        forget: FORGET,
+        stats: STATS,
+    }
+}
