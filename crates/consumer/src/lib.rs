@@ -86,6 +86,8 @@ pub mod rabbitmq;
 pub mod redis;
 #[cfg(feature = "sqlx")]
 pub mod sql;
+#[cfg(any(feature = "sqlx", feature = "redis"))]
+mod time;
 
 use std::{fmt, future::Future};
 

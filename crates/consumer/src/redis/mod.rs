@@ -68,7 +68,7 @@ use redis::{aio::ConnectionLike, aio::ConnectionManager, Script};
 use sha2::{Digest, Sha256};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::{Consumer, Error, Outcome, DEFAULT_MAX_ATTEMPTS};
+use crate::{time::millis, Consumer, Error, Outcome, DEFAULT_MAX_ATTEMPTS};
 
 /// The key prefix used unless [`RedisConsumer::with_prefix`] sets another.
 pub const DEFAULT_PREFIX: &str = "processed-events";
@@ -380,8 +380,4 @@ where
         let mut context = ();
         self.run_once(event_id, work(&mut context)).await
     }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

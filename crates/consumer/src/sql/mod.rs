@@ -615,8 +615,9 @@ fn count(value: i64) -> u32 {
     u32::try_from(value.max(0)).unwrap_or(u32::MAX)
 }
 
+/// [`crate::time::millis`] as the SQL's `BIGINT`.
 fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(crate::time::millis(duration)).unwrap_or(i64::MAX)
 }
 
 fn truncate(error: &str) -> &str {
