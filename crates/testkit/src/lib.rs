@@ -146,6 +146,63 @@ pub async fn sqlite_pool(
         .expect("open the SQLite file")
 }
 
+/// A pool on a freshly created PostgreSQL database of its own (`tidem_..`).
+///
+/// `#[sqlx::test]` runs on a current-thread runtime; the concurrency tests need a multi-thread
+/// runtime and their own database, which this gives them.
+#[cfg(feature = "postgres")]
+pub async fn fresh_postgres_pool(max_connections: u32) -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_with(fresh_postgres("tidem").await.options)
+        .await
+        .expect("connect to the fresh test database")
+}
+
+/// The transaction isolation level of every connection of a MySQL test pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// `READ COMMITTED`: no gap locks, each statement reads the latest committed rows.
+    ReadCommitted,
+    /// `REPEATABLE READ`: InnoDB's default, with gap (next-key) locks.
+    RepeatableRead,
+}
+
+impl Isolation {
+    /// The statement that sets it for a session.
+    pub fn sql(self) -> &'static str {
+        match self {
+            Isolation::ReadCommitted => "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+            Isolation::RepeatableRead => "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        }
+    }
+}
+
+/// A pool on a freshly created MySQL database of its own (`tidem_..`), every connection at
+/// `isolation`.
+#[cfg(feature = "mysql")]
+pub async fn fresh_mysql_pool(max_connections: u32, isolation: Isolation) -> sqlx::MySqlPool {
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                sqlx::Executor::execute(conn, isolation.sql()).await?;
+                Ok(())
+            })
+        })
+        .connect_with(fresh_mysql("tidem").await.options)
+        .await
+        .expect("connect to the fresh MySQL test database")
+}
+
+/// A pool on a fresh SQLite file (`tidem_..`) in the system temp dir (WAL mode, a 10 s busy
+/// timeout).
+#[cfg(feature = "sqlite")]
+pub async fn fresh_sqlite_pool(max_connections: u32) -> sqlx::SqlitePool {
+    let path = fresh_sqlite_path("tidem");
+    sqlite_pool(&path, max_connections, Duration::from_secs(10)).await
+}
+
 /// A listener on a free port of 127.0.0.1, and its address.
 pub async fn free_port() -> (tokio::net::TcpListener, std::net::SocketAddr) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -477,8 +477,8 @@ macro_rules! orders_suite {
     ($module:ident, $fresh:path, $variant:ident, $store:ty, $insert:literal) => {
         mod $module {
             use super::*;
+            use tower_idempotency::store::{Claim, FencingToken, StoredResponse};
             use tower_idempotency::store::{ClaimOutcome, Fenced, Store, TransactionalStore};
-            use tower_idempotency_tests::records::{new_claim, stored_response};
 
             async fn fresh() -> Db {
                 let db = Db::$variant($fresh(16).await);
@@ -528,9 +528,10 @@ macro_rules! orders_suite {
                     // 1. The stale holder claims the key with a 300 ms lease.
                     let key = uuid::Uuid::new_v4().to_string();
                     let (hash, fingerprint) = layer_view_of(&key);
-                    let claim = new_claim(
+                    let claim = Claim::new(
                         hash,
                         fingerprint,
+                        FencingToken::new(),
                         Duration::from_millis(300),
                         Duration::from_secs(3600),
                     );
@@ -560,10 +561,10 @@ macro_rules! orders_suite {
                         .await
                         .expect("stale insert");
                     // ...and cannot record its answer: the token was replaced.
-                    let response = stored_response(
-                        http::StatusCode::CREATED,
-                        http::HeaderMap::new(),
-                        bytes::Bytes::from_static(b"stale"),
+                    let response = StoredResponse::new(
+                        axum::http::StatusCode::CREATED,
+                        axum::http::HeaderMap::new(),
+                        axum::body::Bytes::from_static(b"stale"),
                     );
                     let fenced = store
                         .complete_in(&mut tx, &hash, stale, &response)
@@ -608,14 +609,14 @@ macro_rules! orders_suite {
 
 orders_suite!(
     postgres,
-    tower_idempotency_tests::fresh_postgres_pool,
+    tower_idempotency_testkit::fresh_postgres_pool,
     Postgres,
     tower_idempotency::store::postgres::PostgresStore,
     "INSERT INTO orders (order_id, customer_id, total_cents) VALUES ($1, 'c_1', 4000)"
 );
 orders_suite!(
     sqlite,
-    tower_idempotency_tests::fresh_sqlite_pool,
+    tower_idempotency_testkit::fresh_sqlite_pool,
     Sqlite,
     tower_idempotency::store::sqlite::SqliteStore,
     "INSERT INTO orders (order_id, customer_id, total_cents) VALUES ($1, 'c_1', 4000)"
@@ -623,9 +624,9 @@ orders_suite!(
 
 /// A MySQL pool at InnoDB's default isolation level (REPEATABLE READ).
 async fn fresh_mysql_pool(max_connections: u32) -> sqlx::MySqlPool {
-    tower_idempotency_tests::fresh_mysql_pool(
+    tower_idempotency_testkit::fresh_mysql_pool(
         max_connections,
-        tower_idempotency_tests::Isolation::RepeatableRead,
+        tower_idempotency_testkit::Isolation::RepeatableRead,
     )
     .await
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use orders_api::{Config, Db, DbFault};
 use reqwest::StatusCode;
 use serde_json::Value;
-use tower_idempotency_tests::{
+use tower_idempotency_testkit::{
     fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, Isolation,
 };
 
