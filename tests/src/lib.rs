@@ -4,57 +4,19 @@
 //! URLs are read at run time. A missing variable fails the test with the variable's name: the
 //! database tests never skip themselves.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 pub mod contract;
 pub mod records;
 pub mod stores;
 pub mod suite;
 
-/// `DATABASE_URL`, the PostgreSQL server the tests create their databases on.
-pub fn postgres_url() -> String {
-    std::env::var("DATABASE_URL")
-        .expect("DATABASE_URL is not set: run the tests with scripts/test.sh or export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test")
-}
-
-/// `MYSQL_URL`, the MySQL or MariaDB server the tests create their databases on.
-pub fn mysql_url() -> String {
-    std::env::var("MYSQL_URL")
-        .expect("MYSQL_URL is not set: run the tests with scripts/test.sh or export MYSQL_URL=mysql://root@127.0.0.1:3306/test")
-}
-
-/// `REDIS_URL`, the Redis server the tests use (each test under its own key prefix).
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL")
-        .expect("REDIS_URL is not set: run the tests with scripts/test.sh or export REDIS_URL=redis://127.0.0.1:6379")
-}
-
-/// A name no other test in this run or any earlier run uses.
-pub fn unique_name(prefix: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}_{}_{}_{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed),
-        uuid::Uuid::new_v4().simple()
-    )
-}
+pub use tower_idempotency_testkit::{mysql_url, postgres_url, redis_url, unique_name};
 
 /// The connect options of a freshly created PostgreSQL database of its own, on the server at
 /// `DATABASE_URL`.
 pub async fn fresh_postgres_database() -> sqlx::postgres::PgConnectOptions {
-    use sqlx::{Connection, Executor};
-    let url = postgres_url();
-    let db = unique_name("tidem");
-    let mut admin = sqlx::PgConnection::connect(&url)
+    tower_idempotency_testkit::fresh_postgres("tidem")
         .await
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
-    admin
-        .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{db}""#)))
-        .await
-        .expect("create test database");
-    let opts: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    opts.database(&db)
+        .options
 }
 
 /// A pool on a freshly created PostgreSQL database of its own.
@@ -90,18 +52,9 @@ impl Isolation {
 /// The connect options of a freshly created MySQL database of its own, on the server at
 /// `MYSQL_URL`.
 pub async fn fresh_mysql_database() -> sqlx::mysql::MySqlConnectOptions {
-    use sqlx::{Connection, Executor};
-    let url = mysql_url();
-    let db = unique_name("tidem");
-    let mut admin = sqlx::MySqlConnection::connect(&url)
+    tower_idempotency_testkit::fresh_mysql("tidem")
         .await
-        .unwrap_or_else(|e| panic!("cannot reach MySQL at MYSQL_URL={url}: {e}"));
-    admin
-        .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{db}`")))
-        .await
-        .expect("create test database");
-    let opts: sqlx::mysql::MySqlConnectOptions = url.parse().expect("MYSQL_URL parses");
-    opts.database(&db)
+        .options
 }
 
 /// A pool on a freshly created MySQL database of its own, every connection at `isolation`.
@@ -121,18 +74,9 @@ pub async fn fresh_mysql_pool(max_connections: u32, isolation: Isolation) -> sql
 
 /// A pool on a fresh SQLite file in the system temp dir (WAL mode, busy timeout set).
 pub async fn fresh_sqlite_pool(max_connections: u32) -> sqlx::SqlitePool {
-    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-    let path = std::env::temp_dir().join(format!("{}.db", unique_name("tidem")));
-    let opts = SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(std::time::Duration::from_secs(10));
-    SqlitePoolOptions::new()
-        .max_connections(max_connections)
-        .connect_with(opts)
-        .await
-        .expect("open the fresh SQLite file")
+    let path = tower_idempotency_testkit::fresh_sqlite_path("tidem");
+    let busy = std::time::Duration::from_secs(10);
+    tower_idempotency_testkit::sqlite_pool(&path, max_connections, busy).await
 }
 
 /// A Redis client for `REDIS_URL`.

@@ -420,15 +420,7 @@ pub async fn serve<St: Store, M: Mode<St>>(layer: Idempotency<St, M>) -> TestSer
 /// Serve `router` (already layered) with the drop tracker of `state` outermost.
 pub async fn serve_router(router: Router, state: AppRef) -> TestServer {
     let app = router.layer(middleware::from_fn_with_state(state.clone(), track_drops));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .await
-            .expect("serve the test app");
-    });
+    let (addr, task) = tower_idempotency_testkit::serve(app).await;
     TestServer {
         addr,
         state,

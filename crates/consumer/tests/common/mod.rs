@@ -4,24 +4,14 @@
 
 #![allow(dead_code)] // each test binary uses its own part of this module
 
-use std::{
-    process::Stdio,
-    sync::atomic::{AtomicU64, Ordering},
-    time::Duration,
-};
+use std::{process::Stdio, time::Duration};
 
 #[cfg(feature = "sqlx")]
 use sqlx::Executor;
-#[cfg(feature = "postgres")]
-use sqlx::{
-    postgres::{PgConnectOptions, PgPoolOptions},
-    ConnectOptions, Connection, PgPool,
-};
 #[cfg(feature = "sqlite")]
-use sqlx::{
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions},
-    SqlitePool,
-};
+use sqlx::SqlitePool;
+#[cfg(feature = "postgres")]
+use sqlx::{postgres::PgPoolOptions, PgPool};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// The environment variable that turns a crash test into the crash's child process; its value
@@ -34,46 +24,17 @@ pub const READY: &str = "WORK-DONE-NOT-COMMITTED";
 /// How many deliveries the concurrency tests start at once.
 pub const DELIVERIES: usize = 10;
 
-/// `DATABASE_URL`, the PostgreSQL server the tests create their databases on.
-pub fn postgres_url() -> String {
-    std::env::var("DATABASE_URL").expect(
-        "DATABASE_URL is not set: export DATABASE_URL=postgres://postgres@127.0.0.1:5432/test",
-    )
-}
-
-/// `REDIS_URL`, the Redis server the tests use (each test under its own key prefix).
-pub fn redis_url() -> String {
-    std::env::var("REDIS_URL")
-        .expect("REDIS_URL is not set: export REDIS_URL=redis://127.0.0.1:6379")
-}
-
-/// A name no other test in this run or any earlier run uses.
-pub fn unique_name(prefix: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}_{}_{}_{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed),
-        uuid::Uuid::new_v4().simple()
-    )
-}
+#[allow(unused_imports)] // each test binary uses its own part
+pub use tower_idempotency_testkit::{postgres_url, redis_url, unique_name};
 
 #[cfg(feature = "postgres")]
 /// A freshly created PostgreSQL database of its own, migrated; returns its pool and URL.
 ///
 /// The name starts with `tidem_` so that `scripts/test.sh` drops it on the next run.
 pub async fn fresh_postgres() -> (PgPool, String) {
-    let url = postgres_url();
-    let db = unique_name("tidem_consumer");
-    let mut admin = sqlx::PgConnection::connect(&url)
+    let db_url = tower_idempotency_testkit::fresh_postgres("tidem_consumer")
         .await
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
-    admin
-        .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{db}""#)))
-        .await
-        .expect("create the test database");
-    let options: PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    let db_url = options.database(&db).to_url_lossy().to_string();
+        .url;
     let pool = postgres_pool(&db_url).await;
     tower_idempotency_consumer::PgConsumer::new(pool.clone(), "ledger")
         .migrate()
@@ -98,7 +59,7 @@ pub async fn postgres_pool(url: &str) -> PgPool {
 #[cfg(feature = "sqlite")]
 /// A fresh SQLite file in the system temp dir, migrated; returns its pool and path.
 pub async fn fresh_sqlite() -> (SqlitePool, String) {
-    let path = std::env::temp_dir().join(format!("{}.db", unique_name("tidem_consumer")));
+    let path = tower_idempotency_testkit::fresh_sqlite_path("tidem_consumer");
     let path = path.to_str().expect("a UTF-8 temp dir").to_owned();
     let pool = sqlite_pool(&path).await;
     tower_idempotency_consumer::SqliteConsumer::new(pool.clone(), "ledger")
@@ -114,16 +75,8 @@ pub async fn fresh_sqlite() -> (SqlitePool, String) {
 #[cfg(feature = "sqlite")]
 /// A pool on an SQLite file (WAL mode, a busy timeout long enough for the tests' work).
 pub async fn sqlite_pool(path: &str) -> SqlitePool {
-    let options = SqliteConnectOptions::new()
-        .filename(std::path::Path::new(path))
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(Duration::from_secs(20));
-    SqlitePoolOptions::new()
-        .max_connections(DELIVERIES as u32 + 2)
-        .connect_with(options)
-        .await
-        .expect("open the SQLite file")
+    let (max, busy) = (DELIVERIES as u32 + 2, Duration::from_secs(20));
+    tower_idempotency_testkit::sqlite_pool(std::path::Path::new(path), max, busy).await
 }
 
 #[cfg(feature = "redis")]
