@@ -69,6 +69,33 @@ mod modes {
         use super::*;
         behaviour_tests!(stores::postgres_store().await, single_commit);
     }
+
+    /// The SQL stores on a table of another name (`with_table`): the statements of every mode
+    /// (single commit's locked claim, the transactional saves, wait mode's watch) name it.
+    mod single_commit_postgres_on_another_table {
+        use super::*;
+        behaviour_tests!(
+            stores::postgres_store_on_another_table().await,
+            single_commit
+        );
+    }
+
+    mod transactional_sqlite_on_another_table {
+        use super::*;
+        behaviour_tests!(stores::sqlite_store_on_another_table().await, transactional);
+    }
+
+    mod transactional_mysql_on_another_table {
+        use super::*;
+        behaviour_tests!(stores::mysql_store_on_another_table().await, transactional);
+    }
+}
+
+/// PostgreSQL on a table of another name, in standard mode (batched claims and writes, the
+/// `LISTEN` watch of wait mode).
+mod postgres_on_another_table {
+    use super::*;
+    behaviour_tests!(stores::postgres_store_on_another_table().await);
 }
 
 /// A store that cannot be reached: 503 by default (handler not called), the handler with
