@@ -11,7 +11,10 @@ use std::{collections::HashMap, sync::Arc};
 
 use sqlx::{postgres::PgPool, Row, SqlStr};
 
-use super::{queries::RELEASE, Codec, CHANNEL, CLAIM_ATTEMPTS};
+use super::{
+    queries::{take_over_sql, RELEASE},
+    Codec, CHANNEL, CLAIM_ATTEMPTS,
+};
 use crate::store::sql::TableName;
 use crate::{
     key::KeyHash,
@@ -35,7 +38,8 @@ const CONFLICT_ATTEMPTS: usize = 3;
 ///
 /// An entry that raced with an insert committed after the snapshot returns no row, as in the
 /// one-key statement; the runner claims it again in the next round.
-pub(super) const CLAIM_MANY: &str = r#"
+pub(super) const CLAIM_MANY: &str = concat!(
+    r#"
 WITH input AS (
     SELECT *
     FROM unnest($1::bytea[], $2::bytea[], $3::uuid[], $4::bigint[], $5::bigint[])
@@ -59,20 +63,9 @@ claimed AS (
     FROM input AS i
     WHERE NOT EXISTS (SELECT FROM live WHERE live.n = i.n)
     ORDER BY i.key
-    ON CONFLICT (key) DO UPDATE SET
-        fingerprint = EXCLUDED.fingerprint,
-        token       = EXCLUDED.token,
-        state       = 'running',
-        status      = NULL,
-        headers     = NULL,
-        body        = NULL,
-        lease_until = EXCLUDED.lease_until,
-        watched     = r.watched AND r.expires_at > now(),
-        created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
-        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
-    WHERE r.expires_at <= now()
-       OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
-    RETURNING r.key, r.created_at <> now() AS taken_over
+"#,
+    take_over_sql!(),
+    r#"    RETURNING r.key, r.created_at <> now() AS taken_over
 ),
 existing AS (
     SELECT i.n, e.fingerprint <> i.fingerprint AS mismatch, e.state, e.status, e.headers,
@@ -99,7 +92,8 @@ SELECT n,
        greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
        status, headers, body
 FROM found
-"#;
+"#
+);
 
 /// Save many responses, each on its running record held with its token; one row per record
 /// saved, telling whether a waiter watches it.

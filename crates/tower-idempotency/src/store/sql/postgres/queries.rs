@@ -1,6 +1,32 @@
 //! The SQL of the PostgreSQL store, one statement per operation (the batched forms are in
 //! `batch.rs`). Parameters are numbered (`$1`), and each statement's comment says what it binds.
 
+/// The upsert of a claim (`INSERT INTO idempotency_records AS r .. ON CONFLICT`): a record
+/// that expired is claimed afresh (any fingerprint, new `created_at` and expiry); one running
+/// with a lapsed lease and the same fingerprint is taken over (new token and lease, original
+/// `created_at` and expiry); any other is left alone. Shared by the one-key claim
+/// ([`claim_sql!`]) and the batched one ([`CLAIM_MANY`](super::batch::CLAIM_MANY)), so the two
+/// decide alike.
+macro_rules! take_over_sql {
+    () => {
+        r#"    ON CONFLICT (key) DO UPDATE SET
+        fingerprint = EXCLUDED.fingerprint,
+        token       = EXCLUDED.token,
+        state       = 'running',
+        status      = NULL,
+        headers     = NULL,
+        body        = NULL,
+        lease_until = EXCLUDED.lease_until,
+        watched     = r.watched AND r.expires_at > now(),
+        created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
+        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
+    WHERE r.expires_at <= now()
+       OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
+"#
+    };
+}
+pub(super) use take_over_sql;
+
 /// The claim in one statement, with extra CTEs first (`$lock`), a condition on the writes
 /// (`$gate`) and extra outcomes last (`$tail`), checked by the compiler.
 ///
@@ -52,21 +78,9 @@ claimed AS (
         now() + $5 * interval '1 millisecond'
     WHERE NOT EXISTS (SELECT FROM live)"#,
             $gate,
-            r#"
-    ON CONFLICT (key) DO UPDATE SET
-        fingerprint = EXCLUDED.fingerprint,
-        token       = EXCLUDED.token,
-        state       = 'running',
-        status      = NULL,
-        headers     = NULL,
-        body        = NULL,
-        lease_until = EXCLUDED.lease_until,
-        watched     = r.watched AND r.expires_at > now(),
-        created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
-        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
-    WHERE r.expires_at <= now()
-       OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
-    RETURNING r.created_at <> now() AS taken_over
+            "\n",
+            take_over_sql!(),
+            r#"    RETURNING r.created_at <> now() AS taken_over
 ),
 existing AS (
     SELECT e.fingerprint, e.state, e.status, e.headers, e.body, e.lease_until
