@@ -381,3 +381,44 @@ async fn postgres_a_connection_cut_mid_batch_fails_every_entry_and_holds_no_key_
         );
     }
 }
+
+/// `close` closes the batches' own connections: PostgreSQL sees them go, a claim after it is
+/// refused as unavailable (503), and the application's pool is left open.
+#[tokio::test]
+async fn postgres_close_closes_the_batch_connections_and_leaves_the_pool_open() {
+    let store = postgres().await;
+    let first = claim_of(random_key(), "before", LONG, DAY);
+    assert_eq!(
+        store.claim(&first).await.expect("a claim before close"),
+        claimed(false)
+    );
+    let batch_connections = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()
+               AND query LIKE '%un' || 'nest($1%'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .expect("count the batch connections")
+    };
+    // Split in two above, so that this count's own text is not a batch statement's.
+    assert!(
+        batch_connections().await > 0,
+        "the claim ran on no batch connection"
+    );
+    bounded("close", store.close()).await;
+    bounded("the batch connections going", async {
+        while batch_connections().await > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let after = claim_of(random_key(), "after", LONG, DAY);
+    let refused = store.claim(&after).await.expect_err("a claim after close");
+    assert_eq!(refused.kind(), StoreErrorKind::Unavailable, "{refused}");
+    assert!(
+        !store.pool().is_closed(),
+        "the application's pool is the application's"
+    );
+}

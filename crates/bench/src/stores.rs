@@ -194,7 +194,8 @@ pub struct Started {
 /// What a started store leaves behind.
 enum Resources {
     None,
-    Postgres(PgPool),
+    /// The pool, and the stores whose batch connections are closed with it.
+    Postgres(PgPool, Vec<PostgresStore>),
     Sqlite(SqlitePool, PathBuf),
     MySql(MySqlPool),
 }
@@ -204,9 +205,15 @@ impl Started {
     pub async fn stop(self) -> Result<(), BoxError> {
         match self.resources {
             Resources::None => {}
-            Resources::Postgres(pool) => {
+            Resources::Postgres(pool, stores) => {
                 pool.execute("TRUNCATE bench_orders, idempotency_records")
                     .await?;
+                // The stores outlive the group in its servers' tasks: without this, each worker
+                // count would leave its batch connections open, and 128 workers would find
+                // PostgreSQL's max_connections reached.
+                for store in stores {
+                    store.close().await;
+                }
                 pool.close().await;
             }
             Resources::MySql(pool) => {
@@ -352,7 +359,7 @@ async fn start_postgres(setup: &Setup, route: Route) -> Result<Started, BoxError
             mode(2, "postgres (single commit)", single_commit),
         ],
         wire,
-        resources: Resources::Postgres(pool),
+        resources: Resources::Postgres(pool, stores.to_vec()),
     })
 }
 

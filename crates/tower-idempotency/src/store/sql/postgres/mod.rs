@@ -148,6 +148,8 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: PgPool,
+    /// The batches' own connections (see [`batch_pool`]).
+    batch_pool: PgPool,
     batching: Batching,
     table: TableName,
     queries: Queries,
@@ -223,6 +225,7 @@ impl PostgresStore {
                 renewals: writes(WriteKind::Renew),
                 batches,
                 pool,
+                batch_pool,
                 batching,
                 queries: Queries::new(&table),
                 table,
@@ -246,6 +249,21 @@ impl PostgresStore {
     /// How much the store's batches have shared so far.
     pub fn batch_stats(&self) -> BatchStats {
         self.inner.batches.snapshot()
+    }
+
+    /// Close the connections the store's batches run on, for a clean shutdown: they are the
+    /// store's own, beside the pool it was given, which stays yours to close. Operations after
+    /// this that need a batch (claims, saves, releases, renewals) fail as
+    /// [`StoreErrorKind::Unavailable`].
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::postgres::PostgresStore) {
+    /// store.close().await;
+    /// store.pool().close().await;
+    /// # }
+    /// ```
+    pub async fn close(&self) {
+        self.inner.batch_pool.close().await;
     }
 
     /// Create or upgrade the store's table (`idempotency_records` unless
