@@ -43,6 +43,8 @@ async fn get_and_forget_one_key<S: Store>(store: S) {
     );
     assert!(running.expires_in > TTL - Duration::from_secs(5) && running.expires_in <= TTL);
     assert_eq!(running.response, None);
+    let age = running.age.expect("the time of the first claim");
+    assert!(age < Duration::from_secs(5), "claimed {age:?} ago");
 
     let saved = response();
     assert!(store
@@ -54,6 +56,10 @@ async fn get_and_forget_one_key<S: Store>(store: S) {
     assert_eq!(done.state, RecordState::Done);
     assert_eq!(done.lease_remaining, None);
     assert_eq!(done.response.as_ref(), Some(&saved));
+    assert!(
+        done.age.expect("the time of the first claim") >= age,
+        "the age of a record only grows"
+    );
 
     // Forgotten: the same request runs as new, and its first holder can no longer write.
     assert!(store.forget(&key).await.unwrap());

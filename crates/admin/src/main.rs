@@ -372,6 +372,9 @@ fn print_record(hash: &KeyHash, record: &RecordInfo, body: bool) {
             println!("lease      {} left", human(lease));
         }
     }
+    if let Some(age) = record.age {
+        println!("claimed    {} ago", human(age));
+    }
     println!("expires in {}", human(record.expires_in));
     if let Some(response) = &record.response {
         println!("status     {}", response.status.as_u16());

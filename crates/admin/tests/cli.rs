@@ -125,6 +125,10 @@ async fn the_verbs_on_saved_keys<S: Store>(url: &str, store: &S, prefix: &[&str]
     let text = stdout(&inspect);
     assert!(text.contains("state      done"), "{text}");
     assert!(text.contains("status     201"), "{text}");
+    assert!(
+        text.contains("claimed    ") && text.contains(" ago"),
+        "{text}"
+    );
     assert!(text.contains("header     location: /orders/1"), "{text}");
     assert!(
         text.contains("expires in 59 min") || text.contains("expires in 60 min"),

@@ -175,6 +175,9 @@ async fn inspect_record(store: &DynStore, hash: KeyHash, query: Option<&str>) ->
     if let Some(lease) = record.lease_remaining {
         answer["leaseRemainingMs"] = to_millis(lease).into();
     }
+    if let Some(age) = record.age {
+        answer["claimedMsAgo"] = to_millis(age).into();
+    }
     if let Some(response) = &record.response {
         answer["status"] = response.status.as_u16().into();
         answer["headers"] = response

@@ -348,12 +348,15 @@ impl Store for MemoryStore {
             return Ok(None);
         };
         let expires_in = record.expires_at - now;
-        Ok(Some(match &record.state {
+        let info = match &record.state {
             State::Running { lease_until } => {
                 RecordInfo::running(lease_until.saturating_duration_since(now), expires_in)
             }
             State::Done(response) => RecordInfo::done(response.clone(), expires_in),
-        }))
+        };
+        Ok(Some(info.with_age(
+            now.saturating_duration_since(record.claimed_at),
+        )))
     }
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {

@@ -307,6 +307,10 @@ pub struct RecordInfo {
     pub expires_in: Duration,
     /// Done records: the saved answer.
     pub response: Option<StoredResponse>,
+    /// How long ago the key was first claimed, by the store's clock (a take-over keeps the
+    /// first claim's time). `None` where the store does not know it: Redis records written
+    /// before 0.2 did not keep it.
+    pub age: Option<Duration>,
 }
 
 impl RecordInfo {
@@ -317,6 +321,7 @@ impl RecordInfo {
             lease_remaining: Some(lease_remaining),
             expires_in,
             response: None,
+            age: None,
         }
     }
 
@@ -327,7 +332,14 @@ impl RecordInfo {
             lease_remaining: None,
             expires_in,
             response: Some(response),
+            age: None,
         }
+    }
+
+    /// The same record, first claimed `age` ago.
+    pub fn with_age(mut self, age: Duration) -> Self {
+        self.age = Some(age);
+        self
     }
 }
 

@@ -68,18 +68,22 @@ pub(super) fn record_info(reply: Value) -> Result<Option<RecordInfo>, StoreError
     };
     let lease = millis()?;
     let expires_in = millis()?;
+    let (status, headers, body, age) = (items.next(), items.next(), items.next(), items.next());
+    let aged = |info: RecordInfo| match age.and_then(int_of) {
+        Some(ms) if ms >= 0 => info.with_age(from_millis(ms)),
+        _ => info,
+    };
     match state.as_slice() {
-        b"running" => Ok(Some(RecordInfo::running(lease, expires_in))),
+        b"running" => Ok(Some(aged(RecordInfo::running(lease, expires_in)))),
         b"done" => {
-            let status = items
-                .next()
+            let status = status
                 .and_then(int_of)
                 .and_then(|s| u16::try_from(s).ok())
                 .ok_or_else(|| StoreError::corrupt("a saved redis record has no valid status"))?;
-            let headers = items.next().and_then(bytes_of).unwrap_or_default();
-            let body = items.next().and_then(bytes_of).unwrap_or_default();
+            let headers = headers.and_then(bytes_of).unwrap_or_default();
+            let body = body.and_then(bytes_of).unwrap_or_default();
             let response = StoredResponse::from_parts(status, &headers, Bytes::from(body))?;
-            Ok(Some(RecordInfo::done(response, expires_in)))
+            Ok(Some(aged(RecordInfo::done(response, expires_in))))
         }
         _ => Err(StoreError::corrupt("a redis record has an unknown state")),
     }

@@ -387,7 +387,8 @@ where
     /// A row of a store's `GET` as the record it describes.
     fn record_info(row: &DB::Row) -> Result<RecordInfo, StoreError> {
         let expires_in = remaining(row.try_get("expires_ms")?);
-        match row.try_get::<&str, _>("state")? {
+        let age = remaining(row.try_get("age_ms")?);
+        let info = match row.try_get::<&str, _>("state")? {
             "running" => Ok(RecordInfo::running(
                 remaining(row.try_get("lease_ms")?),
                 expires_in,
@@ -401,7 +402,8 @@ where
                 expires_in,
             )),
             _ => Err(StoreError::corrupt("a record has an unknown state")),
-        }
+        };
+        info.map(|info| info.with_age(age))
     }
 
     /// Arguments filled by `add`, apart from any query so that `query_with` and

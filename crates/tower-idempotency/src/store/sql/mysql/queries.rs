@@ -136,7 +136,8 @@ pub(super) const GET: &str = concat!(
     "
 SELECT r.state, r.status, r.headers, r.body,
     GREATEST(0, r.lease_until - clock.now) AS lease_ms,
-    GREATEST(0, r.expires_at - clock.now) AS expires_ms
+    GREATEST(0, r.expires_at - clock.now) AS expires_ms,
+    GREATEST(0, clock.now - r.created_at) AS age_ms
 FROM idempotency_records AS r, (SELECT ",
     now_ms!(),
     " AS now) AS clock

@@ -188,7 +188,8 @@ pub(super) const CHECK_SCHEMA: &str =
 pub(super) const GET: &str = r#"
 SELECT state, status, headers, body,
     GREATEST(0, EXTRACT(EPOCH FROM (lease_until - now())) * 1000)::bigint AS lease_ms,
-    GREATEST(0, EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::bigint AS expires_ms
+    GREATEST(0, EXTRACT(EPOCH FROM (expires_at - now())) * 1000)::bigint AS expires_ms,
+    GREATEST(0, EXTRACT(EPOCH FROM (now() - created_at)) * 1000)::bigint AS age_ms
 FROM idempotency_records
 WHERE key = $1 AND expires_at > now()
 "#;

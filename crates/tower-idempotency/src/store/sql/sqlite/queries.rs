@@ -109,7 +109,8 @@ pub(super) const CHECK_SCHEMA: &str =
 pub(super) const GET: &str = r#"
 SELECT state, status, headers, body,
     max(0, lease_until - CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)) AS lease_ms,
-    max(0, expires_at - CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)) AS expires_ms
+    max(0, expires_at - CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)) AS expires_ms,
+    max(0, CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) - created_at) AS age_ms
 FROM idempotency_records
 WHERE key = ?1 AND expires_at > CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)
 "#;
