@@ -389,21 +389,18 @@ where
         let expires_in = remaining(row.try_get("expires_ms")?);
         let age = remaining(row.try_get("age_ms")?);
         let info = match row.try_get::<&str, _>("state")? {
-            "running" => Ok(RecordInfo::running(
-                remaining(row.try_get("lease_ms")?),
-                expires_in,
-            )),
-            "done" => Ok(RecordInfo::done(
+            "running" => RecordInfo::running(remaining(row.try_get("lease_ms")?), expires_in),
+            "done" => RecordInfo::done(
                 saved_response(
                     row.try_get("status")?,
                     row.try_get("headers")?,
                     row.try_get("body")?,
                 )?,
                 expires_in,
-            )),
-            _ => Err(StoreError::corrupt("a record has an unknown state")),
+            ),
+            _ => return Err(StoreError::corrupt("a record has an unknown state")),
         };
-        info.map(|info| info.with_age(age))
+        Ok(info.with_age(age))
     }
 
     /// Arguments filled by `add`, apart from any query so that `query_with` and
