@@ -32,7 +32,9 @@ const CONFLICT_ATTEMPTS: usize = 3;
 /// arrays.
 ///
 /// `live`, `claimed` and `existing` are the one-key statement's, joined on the entry's number
-/// `n`. The keys of one statement are distinct (the runner sees to it), so `ON CONFLICT .. DO
+/// `n`. `live` probes the primary key once per entry (a `LATERAL` subquery the planner cannot
+/// turn into a join): a plan made while the table was empty or unanalysed would otherwise hash
+/// the whole table on every batch, and one generic plan serves a connection for its life. The keys of one statement are distinct (the runner sees to it), so `ON CONFLICT .. DO
 /// UPDATE` never meets one row twice. The insert takes its rows in key order, so two batches
 /// that share keys lock them in the same order and cannot deadlock each other.
 ///
@@ -49,7 +51,9 @@ live AS (
     SELECT i.n, l.fingerprint <> i.fingerprint AS mismatch, l.state, l.status, l.headers,
            l.body, l.lease_until
     FROM input AS i
-    JOIN idempotency_records AS l ON l.key = i.key
+    CROSS JOIN LATERAL (
+        SELECT * FROM idempotency_records AS l WHERE l.key = i.key OFFSET 0
+    ) AS l
     WHERE l.expires_at > now()
       AND (l.fingerprint <> i.fingerprint OR l.state = 'done' OR l.lease_until > now())
 ),

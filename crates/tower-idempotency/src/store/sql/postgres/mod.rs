@@ -316,7 +316,14 @@ fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
         .connect_options()
         .as_ref()
         .clone()
-        .options([("plan_cache_mode", "force_generic_plan")]);
+        .options([
+            ("plan_cache_mode", "force_generic_plan"),
+            // Every batch statement finds its rows by key. A generic plan made while the table
+            // looked empty (a fresh or truncated table, before autovacuum's first analyse)
+            // would scan the whole table on every batch for the connection's life.
+            ("enable_seqscan", "off"),
+            ("enable_bitmapscan", "off"),
+        ]);
     let connections = u32::try_from(batching.pipeline_depth() * 4).unwrap_or(u32::MAX);
     PgPoolOptions::new()
         .max_connections(connections)
