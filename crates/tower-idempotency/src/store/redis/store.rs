@@ -337,9 +337,7 @@ impl Store for RedisStore {
         };
         let mut conn = conn.clone();
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
-        let now = secs * 1000 + micros / 1000;
-        let mut stats = StoreStats::default();
-        let mut oldest: Option<(String, u64)> = None;
+        let mut tally = Tally::new(secs * 1000 + micros / 1000);
         let pattern = format!("{}:{{*}}", glob_escape(&self.prefix));
         let mut cursor = 0u64;
         loop {
@@ -352,56 +350,86 @@ impl Store for RedisStore {
                 .query_async(&mut conn)
                 .await?;
             cursor = next;
-            if keys.is_empty() {
-                // A step may find nothing (and an empty pipeline is an error).
-                if cursor == 0 {
-                    break;
-                }
-                continue;
-            }
-            let mut pipe = redis::pipe();
-            for key in &keys {
-                pipe.cmd("HMGET")
-                    .arg(key)
-                    .arg("state")
-                    .arg("expires_at")
-                    .arg("created_at");
-            }
-            let fields: Vec<(Option<String>, Option<u64>, Option<u64>)> =
-                pipe.query_async(&mut conn).await?;
-            for (key, (state, expires_at, created_at)) in keys.into_iter().zip(fields) {
-                // Gone since the scan, or not a record (the prefix's other keys); or expired, in
-                // the millisecond before Redis deletes it itself: nothing for a sweep to do.
-                let Some(expires_at) = expires_at else {
-                    continue;
-                };
-                if expires_at <= now {
-                    continue;
-                }
-                match state.as_deref() {
-                    Some("done") => stats.done += 1,
-                    Some("running") => {
-                        stats.running += 1;
-                        if let Some(at) = created_at {
-                            if oldest.as_ref().is_none_or(|(_, first)| at < *first) {
-                                oldest = Some((key, at));
-                            }
-                        }
-                    }
-                    _ => {}
+            // A step may find nothing (and an empty pipeline is an error).
+            if !keys.is_empty() {
+                let fields = record_fields(&mut conn, &keys).await?;
+                for (key, fields) in keys.into_iter().zip(fields) {
+                    tally.add(key, fields);
                 }
             }
             if cursor == 0 {
                 break;
             }
         }
-        let oldest = oldest.and_then(|(key, at)| Some((self.key_of(&key)?, at)));
-        Ok(match oldest {
-            Some((key, at)) => {
-                stats.with_oldest_running(key, Duration::from_millis(now.saturating_sub(at)))
+        Ok(tally.finish(|key| self.key_of(key)))
+    }
+}
+
+/// A record's `state`, `expires_at` and `created_at`, as `HMGET` reads them (all `None`: gone).
+type RecordFields = (Option<String>, Option<u64>, Option<u64>);
+
+/// The fields [`RedisStore::stats`] counts of each of `keys`, in one pipeline.
+async fn record_fields(
+    conn: &mut ConnectionManager,
+    keys: &[String],
+) -> Result<Vec<RecordFields>, StoreError> {
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("HMGET")
+            .arg(key)
+            .arg("state")
+            .arg("expires_at")
+            .arg("created_at");
+    }
+    Ok(pipe.query_async(conn).await?)
+}
+
+/// What [`RedisStore::stats`] has counted so far, as of `now` (Redis' clock, in milliseconds).
+struct Tally {
+    now: u64,
+    stats: StoreStats,
+    /// The record key and creation time of the oldest running record seen.
+    oldest: Option<(String, u64)>,
+}
+
+impl Tally {
+    fn new(now: u64) -> Self {
+        Self {
+            now,
+            stats: StoreStats::default(),
+            oldest: None,
+        }
+    }
+
+    fn add(&mut self, key: String, (state, expires_at, created_at): RecordFields) {
+        // Gone since the scan, or not a record (the prefix's other keys); or expired, in the
+        // millisecond before Redis deletes it itself: nothing for a sweep to do.
+        if expires_at.is_none_or(|expires_at| expires_at <= self.now) {
+            return;
+        }
+        match state.as_deref() {
+            Some("done") => self.stats.done += 1,
+            Some("running") => {
+                self.stats.running += 1;
+                if let Some(at) = created_at {
+                    if self.oldest.as_ref().is_none_or(|(_, first)| at < *first) {
+                        self.oldest = Some((key, at));
+                    }
+                }
             }
-            None => stats,
-        })
+            _ => {}
+        }
+    }
+
+    /// The counts, with the oldest running record whose key `key_of` reads back.
+    fn finish(self, key_of: impl Fn(&str) -> Option<KeyHash>) -> StoreStats {
+        let oldest = self.oldest.and_then(|(key, at)| Some((key_of(&key)?, at)));
+        match oldest {
+            Some((key, at)) => self
+                .stats
+                .with_oldest_running(key, Duration::from_millis(self.now.saturating_sub(at))),
+            None => self.stats,
+        }
     }
 }
 
