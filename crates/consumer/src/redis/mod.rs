@@ -238,18 +238,21 @@ where
         E: fmt::Display,
         Fut: Future<Output = Result<T, E>>,
     {
-        let key = self.key(event_id);
-        let lease_ms = millis(self.lease).max(1);
-        let token = uuid::Uuid::new_v4().to_string();
+        let held = Held {
+            key: self.key(event_id),
+            failures: self.failures_key(event_id),
+            token: uuid::Uuid::new_v4().to_string(),
+            lease_ms: millis(self.lease).max(1),
+            event_id,
+        };
         let mut conn = self.conn.clone();
 
         let claimed_at = Instant::now();
-        let failures = self.failures_key(event_id);
         let (outcome, remaining_ms): (String, i64) = CLAIM
-            .key(&key)
-            .key(&failures)
-            .arg(&token)
-            .arg(lease_ms)
+            .key(&held.key)
+            .key(&held.failures)
+            .arg(&held.token)
+            .arg(held.lease_ms)
             .invoke_async(&mut conn)
             .await?;
         match outcome.as_str() {
@@ -267,75 +270,100 @@ where
             }
         }
 
-        let mut held_until = claimed_at + Duration::from_millis(lease_ms);
-        let period = Duration::from_millis((lease_ms / 3).max(1));
+        let work = AssertUnwindSafe(work).catch_unwind();
+        match self.renewing(&mut conn, &held, claimed_at, work).await? {
+            Ok(Ok(value)) => self.complete(&mut conn, &held, value).await,
+            Ok(Err(err)) => Err(self.fail(&mut conn, &held, err).await),
+            Err(panic) => {
+                self.release(&mut conn, &held.key, &held.token, event_id)
+                    .await;
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+
+    /// Run `work` to its end while renewing the claim every third of the lease. A claim found
+    /// lost, or not renewed before its lease ran out, drops (cancels) the work:
+    /// [`Error::LeaseLost`].
+    async fn renewing<F: Future, E>(
+        &self,
+        conn: &mut C,
+        held: &Held<'_>,
+        claimed_at: Instant,
+        work: F,
+    ) -> Result<F::Output, Error<E>> {
+        let lease = Duration::from_millis(held.lease_ms);
+        let mut held_until = claimed_at + lease;
+        let period = Duration::from_millis((held.lease_ms / 3).max(1));
         let mut renewals = tokio::time::interval_at(claimed_at + period, period);
         renewals.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let work = AssertUnwindSafe(work).catch_unwind();
         let mut work = std::pin::pin!(work);
-        let finished = loop {
+        loop {
             tokio::select! {
-                finished = &mut work => break finished,
+                finished = &mut work => return Ok(finished),
                 _ = renewals.tick() => {
                     let sent = Instant::now();
                     let renewed: redis::RedisResult<i64> = RENEW
-                        .key(&key)
-                        .arg(&token)
-                        .arg(lease_ms)
-                        .invoke_async(&mut conn)
+                        .key(&held.key)
+                        .arg(&held.token)
+                        .arg(held.lease_ms)
+                        .invoke_async(conn)
                         .await;
                     match renewed {
-                        Ok(1) => held_until = sent + Duration::from_millis(lease_ms),
+                        Ok(1) => held_until = sent + lease,
                         // Dropping `work` here cancels it: another delivery may hold the claim.
                         Ok(_) => return Err(Error::LeaseLost),
                         Err(_) if Instant::now() >= held_until => return Err(Error::LeaseLost),
                         Err(err) => tracing::warn!(
                             target: "tower_idempotency_consumer",
-                            consumer = &*self.consumer, event_id, error = %err,
+                            consumer = &*self.consumer, event_id = held.event_id, error = %err,
                             "lease renewal failed; trying again",
                         ),
                     }
                 }
             }
-        };
+        }
+    }
 
-        match finished {
-            Ok(Ok(value)) => {
-                let completed: i64 = COMPLETE
-                    .key(&key)
-                    .arg(&token)
-                    .arg(millis(self.retention).max(1))
-                    .invoke_async(&mut conn)
-                    .await?;
-                if completed == 1 {
-                    Ok(Outcome::Processed(value))
-                } else {
-                    Err(Error::LeaseLost)
-                }
-            }
-            Ok(Err(err)) => {
-                let failed: redis::RedisResult<(String, i64)> = FAIL
-                    .key(&key)
-                    .key(&failures)
-                    .arg(&token)
-                    .arg(self.max_attempts.get())
-                    .arg(millis(self.retention).max(1))
-                    .arg(err.to_string())
-                    .invoke_async(&mut conn)
-                    .await;
-                match failed {
-                    Ok((status, _)) if status == "parked" => Err(Error::Parked(err)),
-                    Ok(_) => Err(Error::Work(err)),
-                    Err(record) => {
-                        // The lease lapses by itself: the redelivery only waits longer.
-                        tracing::warn!(target: "tower_idempotency_consumer", consumer = &*self.consumer, event_id, error = %record, "recording a failed attempt failed");
-                        Err(Error::Work(err))
-                    }
-                }
-            }
-            Err(panic) => {
-                self.release(&mut conn, &key, &token, event_id).await;
-                std::panic::resume_unwind(panic)
+    /// Mark the event done for the retention, if the claim is still this delivery's.
+    async fn complete<T, E>(
+        &self,
+        conn: &mut C,
+        held: &Held<'_>,
+        value: T,
+    ) -> Result<Outcome<T>, Error<E>> {
+        let completed: i64 = COMPLETE
+            .key(&held.key)
+            .arg(&held.token)
+            .arg(millis(self.retention).max(1))
+            .invoke_async(conn)
+            .await?;
+        if completed == 1 {
+            Ok(Outcome::Processed(value))
+        } else {
+            Err(Error::LeaseLost)
+        }
+    }
+
+    /// Count the failed attempt and release the claim (or park the event at the maximum
+    /// attempts); the error to report.
+    async fn fail<E: fmt::Display>(&self, conn: &mut C, held: &Held<'_>, err: E) -> Error<E> {
+        let failed: redis::RedisResult<(String, i64)> = FAIL
+            .key(&held.key)
+            .key(&held.failures)
+            .arg(&held.token)
+            .arg(self.max_attempts.get())
+            .arg(millis(self.retention).max(1))
+            .arg(err.to_string())
+            .invoke_async(conn)
+            .await;
+        match failed {
+            Ok((status, _)) if status == "parked" => Error::Parked(err),
+            Ok(_) => Error::Work(err),
+            Err(record) => {
+                // The lease lapses by itself: the redelivery only waits longer.
+                tracing::warn!(target: "tower_idempotency_consumer", consumer = &*self.consumer, event_id = held.event_id, error = %record, "recording a failed attempt failed");
+                Error::Work(err)
             }
         }
     }
@@ -353,6 +381,15 @@ where
             );
         }
     }
+}
+
+/// One delivery's claim: the event's keys, the token that fences it and the lease.
+struct Held<'a> {
+    key: String,
+    failures: String,
+    token: String,
+    lease_ms: u64,
+    event_id: &'a str,
 }
 
 impl<C> Consumer for RedisConsumer<C>
