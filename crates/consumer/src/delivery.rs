@@ -1,5 +1,7 @@
 //! What the broker integrations report about one delivery, and how they settle it.
 
+use std::future::Future;
+
 use crate::{Error, Outcome};
 
 /// How a delivery was settled with the broker.
@@ -50,4 +52,65 @@ pub(crate) fn settles<T, E>(result: &Result<Outcome<T>, Error<E>>) -> bool {
         Ok(outcome) => outcome.should_ack(),
         Err(err) => !err.should_redeliver(),
     }
+}
+
+/// One broker's message, as the broker integrations settle it.
+pub(crate) trait Message: Sync {
+    /// What is logged when the message carries no event id.
+    const MISSING_ID: &'static str;
+
+    /// Ack, requeue or refuse the message for good, as `settlement` says.
+    fn settle(
+        &self,
+        settlement: Settlement,
+    ) -> impl Future<Output = Result<(), SettleError>> + Send;
+}
+
+/// What a broker says of one delivery of a message.
+pub(crate) struct Received<'a, M> {
+    pub(crate) message: &'a M,
+    pub(crate) redelivered: bool,
+    pub(crate) deliveries: Option<u64>,
+}
+
+/// Run the event `event_id` of `consumer` (named `consumer`) with `run`, then settle the
+/// message: acked once the outcome is settled, requeued otherwise, refused without an event id.
+/// The broker integrations' one flow.
+pub(crate) async fn process<'a, T, E, M, Run>(
+    consumer: &str,
+    received: Received<'_, M>,
+    event_id: Option<&'a str>,
+    run: impl FnOnce(&'a str) -> Run,
+) -> Result<Handled<T, E>, SettleError>
+where
+    M: Message,
+    Run: Future<Output = Result<Outcome<T>, Error<E>>>,
+{
+    let (event_id, result, settlement) = match event_id {
+        Some(event_id) => {
+            let result = run(event_id).await;
+            let settlement = if settles(&result) {
+                Settlement::Acked
+            } else {
+                Settlement::Requeued
+            };
+            (event_id.to_owned(), result, settlement)
+        }
+        None => {
+            tracing::warn!(target: "tower_idempotency_consumer", consumer, "{}", M::MISSING_ID);
+            (
+                String::new(),
+                Err(Error::MissingEventId),
+                Settlement::Rejected,
+            )
+        }
+    };
+    received.message.settle(settlement).await?;
+    Ok(Handled {
+        event_id,
+        redelivered: received.redelivered,
+        deliveries: received.deliveries,
+        result,
+        settlement,
+    })
 }

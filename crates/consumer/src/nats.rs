@@ -70,7 +70,10 @@ use async_nats::{header::NATS_MESSAGE_ID, jetstream::message::AckKind, jetstream
 use futures_util::future::BoxFuture;
 
 pub use crate::delivery::{Handled, SettleError, Settlement};
-use crate::{delivery::settles, Consumer, Error};
+use crate::{
+    delivery::{self, Received},
+    Consumer,
+};
 
 /// [`process_message_as`] with the event id from the message's `Nats-Msg-Id` header.
 pub async fn process_message<C, T, E, F>(
@@ -94,7 +97,7 @@ where
 
 /// Run `work` for the event `event_id` (carried by `message`) through `consumer`, then ack, nak
 /// or terminate the message (see the [module docs](self)). `None` or an empty id terminates it
-/// with [`Error::MissingEventId`]. The payload is kept with a failed event, for
+/// with [`Error::MissingEventId`](crate::Error::MissingEventId). The payload is kept with a failed event, for
 /// [replaying](crate::sql::SqlConsumer::replay) it.
 pub async fn process_message_as<C, T, E, F>(
     consumer: &C,
@@ -112,46 +115,32 @@ where
         .info()
         .ok()
         .map(|info| info.delivered.max(0).unsigned_abs());
-    let redelivered = deliveries.is_some_and(|count| count > 1);
-    let Some(event_id) = event_id.filter(|id| !id.is_empty()) else {
-        tracing::warn!(target: "tower_idempotency_consumer", consumer = consumer.name(), "a message without an event id cannot be deduplicated: terminated");
-        message
-            .double_ack_with(AckKind::Term)
-            .await
-            .map_err(|err| SettleError::new(BoxedError(err)))?;
-        return Ok(Handled {
-            event_id: String::new(),
-            redelivered,
-            deliveries,
-            result: Err(Error::MissingEventId),
-            settlement: Settlement::Rejected,
-        });
-    };
-    let result = consumer
-        .process_once_with_payload(event_id, Some(&message.payload), work)
-        .await;
-    let settlement = if settles(&result) {
-        // Double acks throughout: the server confirms it has the settlement, so "acked" here
-        // means acked there.
-        message
-            .double_ack()
-            .await
-            .map_err(|err| SettleError::new(BoxedError(err)))?;
-        Settlement::Acked
-    } else {
-        message
-            .double_ack_with(AckKind::Nak(None))
-            .await
-            .map_err(|err| SettleError::new(BoxedError(err)))?;
-        Settlement::Requeued
-    };
-    Ok(Handled {
-        event_id: event_id.to_owned(),
-        redelivered,
+    let received = Received {
+        message,
+        redelivered: deliveries.is_some_and(|count| count > 1),
         deliveries,
-        result,
-        settlement,
-    })
+    };
+    let event_id = event_id.filter(|id| !id.is_empty());
+    let run = |event_id| consumer.process_once_with_payload(event_id, Some(&message.payload), work);
+    delivery::process(consumer.name(), received, event_id, run).await
+}
+
+impl delivery::Message for Message {
+    const MISSING_ID: &'static str =
+        "a message without an event id cannot be deduplicated: terminated";
+
+    // Double acks throughout: the server confirms it has the settlement, so "acked" here means
+    // acked there.
+    async fn settle(&self, settlement: Settlement) -> Result<(), SettleError> {
+        let kind = match settlement {
+            Settlement::Acked => AckKind::Ack,
+            Settlement::Requeued => AckKind::Nak(None),
+            Settlement::Rejected => AckKind::Term,
+        };
+        self.double_ack_with(kind)
+            .await
+            .map_err(|err| SettleError::new(BoxedError(err)))
+    }
 }
 
 /// async-nats' boxed error, as an error type of its own.

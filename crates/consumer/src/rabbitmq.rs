@@ -64,7 +64,10 @@ use lapin::{
 };
 
 pub use crate::delivery::{Handled, SettleError, Settlement};
-use crate::{delivery::settles, Consumer, Error};
+use crate::{
+    delivery::{self, Message, Received},
+    Consumer,
+};
 
 /// Run `work` for the event of `delivery` through `consumer`, then ack, requeue or reject the
 /// delivery (see the [module docs](self)). The message body is kept with a failed event, for
@@ -80,50 +83,37 @@ where
     E: fmt::Display + Send,
     F: for<'c> FnOnce(&'c mut C::Context) -> BoxFuture<'c, Result<T, E>> + Send,
 {
-    let redelivered = delivery.redelivered;
-    let Some(event_id) = delivery
+    let event_id = delivery
         .properties
         .message_id()
         .as_ref()
-        .map(|id| id.to_string())
-    else {
-        tracing::warn!(target: "tower_idempotency_consumer", consumer = consumer.name(), "a delivery without message_id cannot be deduplicated: rejected");
-        delivery
-            .reject(BasicRejectOptions { requeue: false })
-            .await
-            .map_err(SettleError::new)?;
-        return Ok(Handled {
-            event_id: String::new(),
-            redelivered,
-            deliveries: None,
-            result: Err(Error::MissingEventId),
-            settlement: Settlement::Rejected,
-        });
-    };
-    let result = consumer
-        .process_once_with_payload(&event_id, Some(&delivery.data), work)
-        .await;
-    let settlement = if settles(&result) {
-        delivery
-            .ack(BasicAckOptions::default())
-            .await
-            .map_err(SettleError::new)?;
-        Settlement::Acked
-    } else {
-        delivery
-            .nack(BasicNackOptions {
-                requeue: true,
-                ..BasicNackOptions::default()
-            })
-            .await
-            .map_err(SettleError::new)?;
-        Settlement::Requeued
-    };
-    Ok(Handled {
-        event_id,
-        redelivered,
+        .map(|id| id.as_str());
+    let received = Received {
+        message: delivery,
+        redelivered: delivery.redelivered,
         deliveries: None,
-        result,
-        settlement,
-    })
+    };
+    let run = |event_id| consumer.process_once_with_payload(event_id, Some(&delivery.data), work);
+    delivery::process(consumer.name(), received, event_id, run).await
+}
+
+impl Message for Delivery {
+    const MISSING_ID: &'static str =
+        "a delivery without message_id cannot be deduplicated: rejected";
+
+    async fn settle(&self, settlement: Settlement) -> Result<(), SettleError> {
+        match settlement {
+            Settlement::Acked => self.ack(BasicAckOptions::default()).await,
+            Settlement::Requeued => {
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                };
+                self.nack(requeue).await
+            }
+            Settlement::Rejected => self.reject(BasicRejectOptions { requeue: false }).await,
+        }
+        .map(drop)
+        .map_err(SettleError::new)
+    }
 }
