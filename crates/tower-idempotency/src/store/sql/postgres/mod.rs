@@ -312,18 +312,14 @@ impl PostgresStore {
 /// the generic one. One generic plan fits every batch: each entry is one index probe.
 /// At most two connections per pipeline slot of each kind of operation are opened, on demand.
 fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
-    let options = pool
-        .connect_options()
-        .as_ref()
-        .clone()
-        .options([
-            ("plan_cache_mode", "force_generic_plan"),
-            // Every batch statement finds its rows by key. A generic plan made while the table
-            // looked empty (a fresh or truncated table, before autovacuum's first analyse)
-            // would scan the whole table on every batch for the connection's life.
-            ("enable_seqscan", "off"),
-            ("enable_bitmapscan", "off"),
-        ]);
+    let options = pool.connect_options().as_ref().clone().options([
+        ("plan_cache_mode", "force_generic_plan"),
+        // Every batch statement finds its rows by key. A generic plan made while the table
+        // looked empty (a fresh or truncated table, before autovacuum's first analyse)
+        // would scan the whole table on every batch for the connection's life.
+        ("enable_seqscan", "off"),
+        ("enable_bitmapscan", "off"),
+    ]);
     let connections = u32::try_from(batching.pipeline_depth() * 4).unwrap_or(u32::MAX);
     PgPoolOptions::new()
         .max_connections(connections)
