@@ -54,13 +54,33 @@ pub const UNKNOWN_ROUTE: &str = "unknown";
 
 /// The route that matched `request`, for spans and metrics: axum's `MatchedPath` when there is
 /// one, else [`UNKNOWN_ROUTE`]. Never the raw path, whose values are unbounded.
-pub(crate) fn route_of<B>(request: &http::Request<B>) -> Arc<str> {
+pub(crate) fn route_of<B>(request: &http::Request<B>) -> Route {
     #[cfg(feature = "axum")]
     if let Some(matched) = request.extensions().get::<axum::extract::MatchedPath>() {
-        return Arc::from(matched.as_str());
+        return Route::Matched(matched.clone());
     }
     let _ = request;
-    Arc::from(UNKNOWN_ROUTE)
+    Route::Unknown
+}
+
+/// A request's `http.route`. Axum's `MatchedPath` is kept as it is (a reference count), not
+/// copied into a new string for every request.
+#[derive(Clone)]
+pub(crate) enum Route {
+    /// [`UNKNOWN_ROUTE`].
+    Unknown,
+    #[cfg(feature = "axum")]
+    Matched(axum::extract::MatchedPath),
+}
+
+impl Route {
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            Route::Unknown => UNKNOWN_ROUTE,
+            #[cfg(feature = "axum")]
+            Route::Matched(matched) => matched.as_str(),
+        }
+    }
 }
 
 /// The counter of final outcomes.
@@ -165,16 +185,16 @@ pub(crate) fn record(outcome: Outcome, detail: &dyn std::fmt::Display) {
 pub(crate) struct RequestRecord {
     span: tracing::Span,
     outcome: OnceLock<Outcome>,
-    route: Arc<str>,
+    route: Route,
 }
 
 impl RequestRecord {
-    pub(crate) fn new(method: &http::Method, path: &str, route: Arc<str>) -> Arc<Self> {
+    pub(crate) fn new(method: &http::Method, path: &str, route: Route) -> Arc<Self> {
         let span = tracing::info_span!(
             target: "tower_idempotency",
             "idempotency",
             "http.request.method" = %method,
-            "http.route" = &*route,
+            "http.route" = route.as_str(),
             "url.path" = path,
             "idempotency.key_hash" = tracing::field::Empty,
             "http.response.status_code" = tracing::field::Empty,
@@ -193,7 +213,7 @@ impl RequestRecord {
 
     /// The matched route, as in the span.
     pub(crate) fn route(&self) -> &str {
-        &self.route
+        self.route.as_str()
     }
 
     pub(crate) fn key(&self, key: &KeyHash) {
@@ -228,7 +248,7 @@ impl Drop for RequestRecord {
         metrics::counter!(
             REQUESTS_TOTAL,
             "outcome" => outcome.as_str(),
-            "http.route" => self.route.to_string()
+            "http.route" => self.route.as_str().to_owned()
         )
         .increment(1);
         #[cfg(not(feature = "metrics"))]

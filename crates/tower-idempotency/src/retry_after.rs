@@ -1,7 +1,7 @@
 //! The `Retry-After` of a 409: when the running attempt's answer should be ready.
 
 use std::{
-    collections::HashMap,
+    collections::{hash_map::Entry, HashMap},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -66,24 +66,31 @@ impl Durations {
     /// The attempt on `key` started at `start` ended after running on `path`.
     pub(crate) fn finished(&self, key: &KeyHash, path: &str, start: Instant) {
         let took = start.elapsed();
+        let blend = |slot: &mut Duration| {
+            *slot = slot.mul_f64(1.0 - WEIGHT_OF_NEWEST) + took.mul_f64(WEIGHT_OF_NEWEST);
+        };
         let mut state = self.lock();
-        if state.running.get(key) == Some(&start) {
-            state.running.remove(key);
-        }
         let State {
             by_path,
             other_paths,
-            ..
+            running,
         } = &mut *state;
-        // The path is copied only the first time it is seen, not on every attempt.
-        if by_path.len() < MAX_PATHS && !by_path.contains_key(path) {
-            by_path.insert(path.to_owned(), took);
+        // One lookup per map: this runs once per claimed request.
+        if let Entry::Occupied(entry) = running.entry(*key) {
+            if *entry.get() == start {
+                entry.remove();
+            }
         }
-        let slot = match by_path.get_mut(path) {
-            Some(slot) => slot,
-            None => other_paths.get_or_insert(took),
-        };
-        *slot = slot.mul_f64(1.0 - WEIGHT_OF_NEWEST) + took.mul_f64(WEIGHT_OF_NEWEST);
+        if let Some(slot) = by_path.get_mut(path) {
+            blend(slot);
+        } else if by_path.len() < MAX_PATHS {
+            // The path is copied only the first time it is seen, not on every attempt.
+            let mut first = took;
+            blend(&mut first);
+            by_path.insert(path.to_owned(), first);
+        } else {
+            blend(other_paths.get_or_insert(took));
+        }
     }
 
     /// When a duplicate should come back, for an attempt on `key` and `path` whose lease has

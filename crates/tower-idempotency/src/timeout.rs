@@ -1,7 +1,15 @@
 //! The layer's bound on every store call (see
 //! [`Idempotency::with_store_timeout`](crate::Idempotency::with_store_timeout)).
 
-use std::{fmt, future::Future, time::Duration};
+use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use tokio::time::{Instant, Sleep};
 
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -35,12 +43,61 @@ pub(crate) async fn bounded<T>(
     limit: Duration,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    match tokio::time::timeout(limit, call).await {
+    match within(limit, call).await {
         Ok(result) => result,
-        Err(_) => Err(StoreError::new(
+        Err(Elapsed) => Err(StoreError::new(
             StoreErrorKind::Unavailable,
             TimedOut { what, limit },
         )),
+    }
+}
+
+/// The time limit of [`within`] passed.
+#[derive(Debug)]
+pub(crate) struct Elapsed;
+
+/// `future`, or [`Elapsed`] once `limit` has passed since this call: `tokio::time::timeout`,
+/// except that the timer is made only if the future does not finish on its first poll. Most
+/// calls here finish at once (a memory store, a buffered body), and a tokio timer costs a
+/// runtime-handle clone and a timer entry to build and drop.
+pub(crate) fn within<F: Future>(limit: Duration, future: F) -> Within<F> {
+    Within {
+        future,
+        deadline: Instant::now().checked_add(limit),
+        sleep: None,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`within`].
+    pub(crate) struct Within<F> {
+        #[pin]
+        future: F,
+        // `None` when the limit is too far to represent: no timer, as tokio's far future.
+        deadline: Option<Instant>,
+        #[pin]
+        sleep: Option<Sleep>,
+    }
+}
+
+impl<F: Future> Future for Within<F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Poll::Ready(output) = this.future.poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        let Some(deadline) = *this.deadline else {
+            return Poll::Pending;
+        };
+        if this.sleep.is_none() {
+            this.sleep.set(Some(tokio::time::sleep_until(deadline)));
+        }
+        match this.sleep.as_pin_mut().map(|sleep| sleep.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Err(Elapsed)),
+            _ => Poll::Pending,
+        }
     }
 }
 
@@ -60,6 +117,15 @@ mod tests {
             source.contains("the claim") && source.contains("500ms"),
             "{source}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_limit_counts_from_the_call_not_from_the_first_pending_poll() {
+        let call = within(Duration::from_secs(1), std::future::pending::<()>());
+        tokio::time::advance(Duration::from_millis(999)).await;
+        let started = Instant::now();
+        assert!(call.await.is_err());
+        assert!(Instant::now() - started <= Duration::from_millis(1));
     }
 
     #[tokio::test]

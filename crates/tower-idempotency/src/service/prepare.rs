@@ -14,6 +14,7 @@ use crate::{
     error::Rejection,
     fingerprint::Fingerprint,
     key::{IdempotencyKey, KeyHash},
+    timeout::within,
 };
 
 /// The key from its header: `None` when absent and the layer lets such requests through.
@@ -100,7 +101,7 @@ where
         });
     }
     let read = Limited::new(body, config.body_limit).collect();
-    match tokio::time::timeout(config.body_timeout, read).await {
+    match within(config.body_timeout, read).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(err)) if err.is::<LengthLimitError>() => Err(Refusal {
             rejection: too_large(),

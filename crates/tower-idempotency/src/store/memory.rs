@@ -1,7 +1,10 @@
 //! An in-process store.
 
 use std::{
-    collections::HashMap,
+    collections::{
+        hash_map::{Entry, OccupiedEntry},
+        HashMap,
+    },
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -79,10 +82,14 @@ impl Shard {
         before - self.records.len()
     }
 
+    /// Whether a new record must first look for expired ones: it is time, or the shard is full.
+    fn wants_room(&self, now: Instant, per_shard: usize) -> bool {
+        self.records.len() >= per_shard || self.next_sweep.is_none_or(|at| at <= now)
+    }
+
     /// Make room for one more record, dropping expired ones when it is time or when full.
     fn make_room(&mut self, now: Instant, per_shard: usize) -> Result<(), StoreError> {
-        let full = self.records.len() >= per_shard;
-        if full || self.next_sweep.is_none_or(|at| at <= now) {
+        if self.wants_room(now, per_shard) {
             self.drop_expired(now);
         }
         if self.records.len() >= per_shard {
@@ -97,14 +104,11 @@ impl Shard {
         Ok(())
     }
 
-    fn insert(&mut self, key: KeyHash, record: Record) {
-        let expires_at = record.expires_at;
-        self.earliest_expiry = Some(
-            self.earliest_expiry
-                .map_or(expires_at, |earliest| earliest.min(expires_at)),
-        );
-        self.records.insert(key, record);
-    }
+}
+
+/// Lower `earliest` to `expires_at`, for a record that expires then.
+fn note_expiry(earliest: &mut Option<Instant>, expires_at: Instant) {
+    *earliest = Some(earliest.map_or(expires_at, |earliest| earliest.min(expires_at)));
 }
 
 impl Default for MemoryStore {
@@ -120,7 +124,8 @@ struct Record {
     /// The first claim (a takeover keeps it): for [`Store::stats`].
     claimed_at: Instant,
     expires_at: Instant,
-    changed: Arc<Notify>,
+    /// Wakes the waiters of wait mode; made by the first waiter, since most records have none.
+    changed: Option<Arc<Notify>>,
 }
 
 // Most records are done (a running one lives for one handler call), so the large variant is
@@ -182,24 +187,27 @@ impl MemoryStore {
         &self,
         key: &KeyHash,
         token: FencingToken,
-        write: impl FnOnce(&mut HashMap<KeyHash, Record>) -> bool,
+        write: impl FnOnce(OccupiedEntry<'_, KeyHash, Record>),
     ) -> Fenced {
         let now = Instant::now();
         let mut shard = self.shard(key);
-        let changed = match shard.records.get(key) {
-            Some(r)
-                if r.token == token
-                    && r.expires_at > now
-                    && matches!(r.state, State::Running { .. }) =>
+        let record = match shard.records.entry(*key) {
+            Entry::Occupied(record)
+                if record.get().token == token
+                    && record.get().expires_at > now
+                    && matches!(record.get().state, State::Running { .. }) =>
             {
-                r.changed.clone()
+                record
             }
             _ => return Fenced::Lost,
         };
-        let applied = write(&mut shard.records);
+        let changed = record.get().changed.clone();
+        write(record);
         drop(shard);
-        changed.notify_waiters();
-        Fenced::from_rows(applied as u64)
+        if let Some(changed) = changed {
+            changed.notify_waiters();
+        }
+        Fenced::Applied
     }
 }
 
@@ -220,26 +228,40 @@ impl Store for MemoryStore {
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
         let now = Instant::now();
         let mut shard = self.shard(&claim.key);
-        let fresh = |expires_at| Record {
+        // Rarely (once a second, or when full) a new key looks for expired records first; the
+        // key itself is looked up once.
+        if shard.wants_room(now, self.per_shard) && !shard.records.contains_key(&claim.key) {
+            shard.make_room(now, self.per_shard)?;
+        }
+        let fresh = || Record {
             fingerprint: claim.fingerprint,
             token: claim.token,
             state: State::Running {
                 lease_until: now + claim.lease,
             },
             claimed_at: now,
-            expires_at,
-            changed: Arc::new(Notify::new()),
+            expires_at: now + claim.ttl,
+            changed: None,
         };
-        let Some(record) = shard
-            .records
-            .get_mut(&claim.key)
-            .filter(|r| r.expires_at > now)
-        else {
-            if !shard.records.contains_key(&claim.key) {
-                shard.make_room(now, self.per_shard)?;
+        let Shard {
+            records,
+            earliest_expiry,
+            ..
+        } = &mut *shard;
+        let record = match records.entry(claim.key) {
+            Entry::Occupied(record) if record.get().expires_at > now => record.into_mut(),
+            Entry::Occupied(expired) => {
+                let record = fresh();
+                note_expiry(earliest_expiry, record.expires_at);
+                *expired.into_mut() = record;
+                return Ok(ClaimOutcome::Claimed { taken_over: false });
             }
-            shard.insert(claim.key, fresh(now + claim.ttl));
-            return Ok(ClaimOutcome::Claimed { taken_over: false });
+            Entry::Vacant(vacant) => {
+                let record = fresh();
+                note_expiry(earliest_expiry, record.expires_at);
+                vacant.insert(record);
+                return Ok(ClaimOutcome::Claimed { taken_over: false });
+            }
         };
         if record.fingerprint != claim.fingerprint {
             return Ok(ClaimOutcome::Mismatch);
@@ -287,16 +309,15 @@ impl Store for MemoryStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        Ok(self.fenced(key, token, |shard| {
-            shard
-                .get_mut(key)
-                .map(|r| r.state = State::Done(response.clone()))
-                .is_some()
+        Ok(self.fenced(key, token, |mut record| {
+            record.get_mut().state = State::Done(response.clone());
         }))
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        Ok(self.fenced(key, token, |shard| shard.remove(key).is_some()))
+        Ok(self.fenced(key, token, |record| {
+            record.remove();
+        }))
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
@@ -323,8 +344,11 @@ impl Store for MemoryStore {
     }
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
-        let changed = match self.shard(key).records.get(key) {
-            Some(record) => record.changed.clone(),
+        let changed = match self.shard(key).records.get_mut(key) {
+            Some(record) => record
+                .changed
+                .get_or_insert_with(|| Arc::new(Notify::new()))
+                .clone(),
             None => return,
         };
         let notified = changed.notified();
@@ -333,7 +357,7 @@ impl Store for MemoryStore {
         notified.as_mut().enable();
         let still_running = matches!(
             self.shard(key).records.get(key),
-            Some(Record { state: State::Running { .. }, changed: current, .. })
+            Some(Record { state: State::Running { .. }, changed: Some(current), .. })
                 if Arc::ptr_eq(current, &changed)
         );
         if still_running {
@@ -361,9 +385,9 @@ impl Store for MemoryStore {
 
     async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
         let removed = self.shard(key).records.remove(key);
-        if let Some(record) = &removed {
+        if let Some(changed) = removed.as_ref().and_then(|r| r.changed.as_ref()) {
             // Waiters claim again and find the key free.
-            record.changed.notify_waiters();
+            changed.notify_waiters();
         }
         Ok(removed.is_some())
     }
