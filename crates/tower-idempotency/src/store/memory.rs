@@ -103,7 +103,6 @@ impl Shard {
         }
         Ok(())
     }
-
 }
 
 /// Lower `earliest` to `expires_at`, for a record that expires then.
