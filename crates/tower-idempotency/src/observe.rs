@@ -404,6 +404,107 @@ impl std::fmt::Display for ShortKey<'_> {
     }
 }
 
+/// A metrics recorder for the crate's tests: every counter, the sample count of every
+/// histogram, and every value set on a gauge, by name and labels (`name{label=value,..}`).
+#[cfg(all(test, feature = "metrics"))]
+pub(crate) mod recorded {
+    use std::{
+        collections::BTreeMap,
+        sync::{
+            atomic::{AtomicU64, Ordering},
+            Arc, Mutex,
+        },
+    };
+
+    use metrics::{Key, KeyName, Metadata, SharedString, Unit};
+
+    #[derive(Default)]
+    pub(crate) struct Recorded {
+        samples: Mutex<BTreeMap<String, Arc<Samples>>>,
+        gauges: Arc<Mutex<Vec<(String, f64)>>>,
+    }
+
+    #[derive(Default)]
+    struct Samples(AtomicU64);
+
+    /// One gauge: its values go to the recorder's list, in the order they are set.
+    struct Gauge(Arc<Mutex<Vec<(String, f64)>>>, String);
+
+    fn name(key: &Key) -> String {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        format!("{}{{{}}}", key.name(), labels.join(","))
+    }
+
+    impl Recorded {
+        fn samples(&self, key: &Key) -> Arc<Samples> {
+            let mut samples = self.samples.lock().unwrap();
+            samples.entry(name(key)).or_default().clone()
+        }
+
+        /// The count of the counter or histogram `name` (0 if never touched).
+        pub(crate) fn get(&self, name: &str) -> u64 {
+            let samples = self.samples.lock().unwrap();
+            samples.get(name).map_or(0, |s| s.0.load(Ordering::SeqCst))
+        }
+
+        /// The counts of every counter and histogram whose name starts with `prefix`, summed.
+        pub(crate) fn sum(&self, prefix: &str) -> u64 {
+            let samples = self.samples.lock().unwrap();
+            samples
+                .iter()
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(_, s)| s.0.load(Ordering::SeqCst))
+                .sum()
+        }
+
+        /// Every value set on a gauge so far, in order.
+        pub(crate) fn gauges(&self) -> Vec<(String, f64)> {
+            self.gauges.lock().unwrap().clone()
+        }
+    }
+
+    impl metrics::CounterFn for Samples {
+        fn increment(&self, value: u64) {
+            self.0.fetch_add(value, Ordering::SeqCst);
+        }
+        fn absolute(&self, value: u64) {
+            self.0.store(value, Ordering::SeqCst);
+        }
+    }
+
+    impl metrics::HistogramFn for Samples {
+        fn record(&self, _: f64) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl metrics::GaugeFn for Gauge {
+        fn increment(&self, _: f64) {}
+        fn decrement(&self, _: f64) {}
+        fn set(&self, value: f64) {
+            self.0.lock().unwrap().push((self.1.clone(), value));
+        }
+    }
+
+    impl metrics::Recorder for Recorded {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> metrics::Counter {
+            metrics::Counter::from_arc(self.samples(key))
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::from_arc(Arc::new(Gauge(self.gauges.clone(), name(key))))
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> metrics::Histogram {
+            metrics::Histogram::from_arc(self.samples(key))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -259,80 +259,12 @@ mod tests {
         assert_eq!(store.calls.load(Ordering::SeqCst), 12);
     }
 
-    /// Gauges as a metrics recorder sees them: name and labels, last value.
-    #[cfg(feature = "metrics")]
-    #[derive(Default)]
-    struct Gauges(std::sync::Mutex<Vec<(String, f64)>>);
-
-    #[cfg(feature = "metrics")]
-    struct Gauge(Arc<Gauges>, String);
-
-    #[cfg(feature = "metrics")]
-    impl metrics::GaugeFn for Gauge {
-        fn increment(&self, _: f64) {}
-        fn decrement(&self, _: f64) {}
-        fn set(&self, value: f64) {
-            self.0 .0.lock().unwrap().push((self.1.clone(), value));
-        }
-    }
-
-    #[cfg(feature = "metrics")]
-    struct Recorder(Arc<Gauges>);
-
-    #[cfg(feature = "metrics")]
-    impl metrics::Recorder for Recorder {
-        fn describe_counter(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn describe_gauge(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn describe_histogram(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn register_counter(
-            &self,
-            _: &metrics::Key,
-            _: &metrics::Metadata<'_>,
-        ) -> metrics::Counter {
-            metrics::Counter::noop()
-        }
-        fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-            let labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            let name = format!("{}{{{}}}", key.name(), labels.join(","));
-            metrics::Gauge::from_arc(Arc::new(Gauge(self.0.clone(), name)))
-        }
-        fn register_histogram(
-            &self,
-            _: &metrics::Key,
-            _: &metrics::Metadata<'_>,
-        ) -> metrics::Histogram {
-            metrics::Histogram::noop()
-        }
-    }
-
     /// A stats round sets the record gauges, the oldest running record's age included; a store
     /// without stats is asked once.
     #[cfg(all(feature = "metrics", feature = "memory"))]
     #[test]
     fn a_stats_round_sets_the_record_gauges() {
-        let gauges = Arc::new(Gauges::default());
-        let recorder = Recorder(gauges.clone());
+        let recorder = crate::observe::recorded::Recorded::default();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .start_paused(true)
@@ -358,7 +290,7 @@ mod tests {
         });
         assert!(reported, "the memory store has stats");
         assert!(!unsupported, "a store without stats is not asked again");
-        let seen = gauges.0.lock().unwrap().clone();
+        let seen = recorder.gauges();
         let value = |name: &str| {
             seen.iter()
                 .rev()
