@@ -33,9 +33,11 @@
 //! # let _ = app;
 //! ```
 
+use std::collections::HashMap;
+
 use axum::{
-    extract::{Path, RawQuery, State},
-    http::{HeaderMap, StatusCode},
+    extract::{FromRequestParts, Path, RawQuery, State},
+    http::{request::Parts, HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
     Json, Router,
@@ -51,7 +53,7 @@ use crate::{
 pub fn router(store: DynStore) -> Router {
     Router::new()
         .route("/keys/{key}", get(inspect).delete(forget))
-        .route("/key-hashes/{hash}", get(inspect_hash).delete(forget_hash))
+        .route("/key-hashes/{hash}", get(inspect).delete(forget))
         .route("/sweep", post(sweep))
         .route("/stats", get(stats))
         .with_state(store)
@@ -123,26 +125,23 @@ fn key_hash(key: &str, headers: &HeaderMap, query: Option<&str>) -> Result<KeyHa
     Ok(hash)
 }
 
-async fn inspect(
-    State(store): State<DynStore>,
-    Path(key): Path<String>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    match key_hash(&key, &headers, query.as_deref()) {
-        Ok(hash) => inspect_record(&store, hash, query.as_deref()).await,
-        Err(detail) => problem(StatusCode::BAD_REQUEST, detail),
-    }
-}
+/// The record a route names: `/keys/{key}`, with its scope, or `/key-hashes/{hash}`. A key or
+/// hash that is not valid is answered with a 400.
+struct Record(KeyHash);
 
-async fn inspect_hash(
-    State(store): State<DynStore>,
-    Path(hash): Path<String>,
-    RawQuery(query): RawQuery,
-) -> Response {
-    match parse_hash(&hash) {
-        Ok(hash) => inspect_record(&store, hash, query.as_deref()).await,
-        Err(detail) => problem(StatusCode::BAD_REQUEST, detail),
+impl<S: Send + Sync> FromRequestParts<S> for Record {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let hash = match params.get("key") {
+            Some(key) => key_hash(key, &parts.headers, parts.uri.query()),
+            None => parse_hash(params.get("hash").map_or("", String::as_str)).map_err(String::from),
+        };
+        hash.map(Self)
+            .map_err(|detail| problem(StatusCode::BAD_REQUEST, detail))
     }
 }
 
@@ -151,8 +150,12 @@ fn parse_hash(text: &str) -> Result<KeyHash, &'static str> {
     KeyHash::from_hex(text).ok_or("not a key hash: 64 hex digits, as /stats and the logs show it")
 }
 
-async fn inspect_record(store: &DynStore, hash: KeyHash, query: Option<&str>) -> Response {
-    let with_body = query_value(query, "body").is_some_and(|v| v == "true");
+async fn inspect(
+    State(store): State<DynStore>,
+    Record(hash): Record,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let with_body = query_value(query.as_deref(), "body").is_some_and(|v| v == "true");
     let record = match store.get(&hash).await {
         Ok(Some(record)) => record,
         Ok(None) => {
@@ -195,26 +198,7 @@ async fn inspect_record(store: &DynStore, hash: KeyHash, query: Option<&str>) ->
     Json(answer).into_response()
 }
 
-async fn forget(
-    State(store): State<DynStore>,
-    Path(key): Path<String>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    match key_hash(&key, &headers, query.as_deref()) {
-        Ok(hash) => forget_record(&store, hash).await,
-        Err(detail) => problem(StatusCode::BAD_REQUEST, detail),
-    }
-}
-
-async fn forget_hash(State(store): State<DynStore>, Path(hash): Path<String>) -> Response {
-    match parse_hash(&hash) {
-        Ok(hash) => forget_record(&store, hash).await,
-        Err(detail) => problem(StatusCode::BAD_REQUEST, detail),
-    }
-}
-
-async fn forget_record(store: &DynStore, hash: KeyHash) -> Response {
+async fn forget(State(store): State<DynStore>, Record(hash): Record) -> Response {
     match store.forget(&hash).await {
         Ok(true) => {
             tracing::warn!(target: "tower_idempotency", key_hash = %hash, "admin: key forgotten");
