@@ -5,12 +5,15 @@
 //! One file per step of the flow: `prepare.rs` (key, body, fingerprint), `claim.rs` (the
 //! claim, or in wait mode the claims), `run.rs` (the handler under its heartbeat), `save.rs`
 //! (its answer saved, or the key released), `replay.rs` (a saved answer), `refuse.rs` (the
-//! answers the layer makes itself). The general-purpose parts have their own: `future.rs`,
-//! `finish_on_drop.rs`, `heartbeat.rs`.
+//! answers the layer makes itself). The response future is here, beside the `Service` impl that
+//! makes it; the future that keeps a claimed run going after a disconnect has its own file,
+//! `finish_on_drop.rs`.
 
 use std::{
     fmt,
+    future::Future,
     marker::PhantomData,
+    pin::Pin,
     sync::Arc,
     task::{Context, Poll},
 };
@@ -30,8 +33,6 @@ use crate::{
 mod claim;
 mod finish_on_drop;
 mod flow;
-mod future;
-mod heartbeat;
 mod prepare;
 mod refuse;
 mod replay;
@@ -39,9 +40,6 @@ mod run;
 mod save;
 #[cfg(test)]
 mod tests;
-
-use future::BoxFuture;
-pub use future::ResponseFuture;
 
 /// The middleware produced by [`Idempotency`](crate::Idempotency). See the crate docs for the request flow.
 pub struct IdempotencyService<S, St, M = Standard> {
@@ -228,6 +226,29 @@ where
             Box::pin(pass_through(inner, req.map(RequestBody::new)))
         };
         ResponseFuture { inner }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The response future of [`IdempotencyService`]: a named newtype around a boxed future
+/// (tower-http's `opaque_future!` idea), since the service awaits the store before and after the
+/// handler.
+pub struct ResponseFuture<B, E> {
+    inner: BoxFuture<Result<Response<ResponseBody<B>>, E>>,
+}
+
+impl<B, E> Future for ResponseFuture<B, E> {
+    type Output = Result<Response<ResponseBody<B>>, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<B, E> fmt::Debug for ResponseFuture<B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 

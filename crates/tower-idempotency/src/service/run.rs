@@ -1,24 +1,26 @@
-//! The claimed run: the handler runs under a heartbeat, then its answer is saved (`save.rs`) or
-//! the key released.
+//! The claimed run: the handler runs under a heartbeat (`renew_forever`, which renews the lease),
+//! then its answer is saved (`save.rs`) or the key released.
 
-use std::{panic::AssertUnwindSafe, pin::Pin, sync::Arc};
+use std::{convert::Infallible, panic::AssertUnwindSafe, pin::Pin, sync::Arc};
 
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
+use tokio::time::Instant;
 use tower_service::Service;
 
-use super::{heartbeat, Answer, Flow, RunState, Shared};
+use super::{Answer, Flow, RunState, Shared};
 use crate::{
     body::{BoxError, RequestBody, ResponseBody},
     config::Config,
     key::KeyHash,
     mode::Mode,
-    observe::RequestRecord,
+    observe::{self, Outcome, RequestRecord},
     retry_after::Running,
-    store::FencingToken,
+    store::{Fenced, FencingToken, Store},
+    timeout::bounded,
 };
 
 /// The claimed key: what the run needs to renew, save and release it.
@@ -96,7 +98,7 @@ impl<F: Flow> ClaimedRun<F> {
         let result = tokio::select! {
             biased;
             result = AssertUnwindSafe(call_handler(inner, req, limit)).catch_unwind() => result,
-            never = heartbeat::renew_forever(&lease), if lease.leased => match never {},
+            never = renew_forever(&lease), if lease.leased => match never {},
         };
         match result {
             // The handler is done: its duration is recorded without the save that follows.
@@ -129,6 +131,35 @@ impl<F: Flow> ClaimedRun<F> {
                     .await;
                 std::panic::resume_unwind(panic);
             }
+        }
+    }
+}
+
+/// Renew the lease every third of it, forever; the caller drops this when the work ends.
+async fn renew_forever<St: Store>(run: &Lease<St>) -> Infallible {
+    let period = run.config.heartbeat();
+    let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let renew = run.store.renew(&run.key, run.token, run.config.lease);
+        let renew = bounded("the renewal", run.config.store_timeout, renew);
+        match observe::timed(run.store.name(), "renew", renew).await {
+            Ok(Fenced::Applied) => observe::renewed(),
+            Ok(Fenced::Lost) => {
+                observe::record(
+                    Outcome::FencedOut,
+                    &"the lease was lost while the handler ran; its answer will not be saved",
+                );
+                return std::future::pending().await;
+            }
+            Err(err) => observe::record(
+                Outcome::StoreError,
+                &format_args!(
+                    "renewing the lease failed: {}; trying again next beat",
+                    observe::Chain(&err)
+                ),
+            ),
         }
     }
 }

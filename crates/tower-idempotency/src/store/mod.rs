@@ -18,9 +18,10 @@
 //! # Layout
 //!
 //! This file holds the [`Store`] trait and its rules; `record.rs` what a store keeps and answers
-//! (claims, outcomes, [`StoredResponse`] and its encoding); `error.rs` [`StoreError`]. Each
-//! backend is a module of its own: `memory.rs`, `redis/`, and under `sql/` what the SQL stores
-//! share (the migrator, the row decoding, the time conversions, the batching executor) beside
+//! (claims, outcomes, [`StoredResponse`] and its encoding, durations in milliseconds);
+//! `error.rs` [`StoreError`]. Each backend is a module of its own: `memory.rs`, `redis/`, and
+//! under `sql/` what the SQL stores share (the migrator, the row decoding, the time conversions,
+//! the batching executor) beside
 //! `sql/postgres/`, `sql/sqlite/` and `sql/mysql/`, each with its statements and its error codes.
 
 use std::{fmt, future::Future, time::Duration};
@@ -30,6 +31,8 @@ use crate::key::KeyHash;
 mod dynamic;
 mod error;
 mod record;
+pub use dynamic::{BoxFuture, DynStore, ErasedStore};
+pub use error::{StoreError, StoreErrorKind};
 #[cfg(any(
     feature = "postgres",
     feature = "sqlite",
@@ -37,9 +40,7 @@ mod record;
     feature = "redis",
     feature = "admin"
 ))]
-pub(crate) mod time;
-pub use dynamic::{BoxFuture, DynStore, ErasedStore};
-pub use error::{StoreError, StoreErrorKind};
+pub(crate) use record::time;
 pub use record::{
     Claim, ClaimOutcome, Fenced, FencingToken, OldestRunning, RecordInfo, RecordState, StoreStats,
     StoredResponse,
