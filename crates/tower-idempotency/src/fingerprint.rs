@@ -119,18 +119,18 @@ impl FingerprintFn for DefaultFingerprint {
         }
         let media_type = media_type(&parts.headers);
         let json_like = match &media_type {
-            Some(essence) => is_json(essence),
+            Some(essence) => is_json(essence.as_bytes()),
             None => true,
         };
         let canonical = json_like.then(|| canonical_bytes(body)).flatten();
         let body: &[u8] = canonical.as_deref().unwrap_or(body);
         // A request without Content-Type and one with an empty value are hashed apart: the
         // byte 0 cannot start a media type.
-        let media_type = media_type.map_or_else(|| vec![0], String::into_bytes);
+        let media_type = media_type.as_ref().map_or(&[0][..], MediaType::as_bytes);
         Fingerprint::of(&[
             parts.method.as_str().as_bytes(),
             path.as_bytes(),
-            &media_type,
+            media_type,
             &header_bytes,
             body,
         ])
@@ -139,15 +139,43 @@ impl FingerprintFn for DefaultFingerprint {
 
 /// The essence of the `Content-Type` (`type/subtype`, lower-cased, no parameters), or `None`
 /// without one. A value that is not visible ASCII counts as its raw bytes, lower-cased.
-fn media_type(headers: &HeaderMap) -> Option<String> {
+fn media_type(headers: &HeaderMap) -> Option<MediaType> {
     let value = headers.get(CONTENT_TYPE)?;
     let essence = value.as_bytes().split(|b| *b == b';').next().unwrap_or(&[]);
-    Some(String::from_utf8_lossy(essence.trim_ascii()).to_ascii_lowercase())
+    let essence = essence.trim_ascii();
+    let mut short = [0; SHORT_MEDIA_TYPE];
+    Some(match short.get_mut(..essence.len()) {
+        // ASCII is its own UTF-8, and lower-cases byte by byte: no `String` needed.
+        Some(copy) if essence.is_ascii() => {
+            copy.copy_from_slice(essence);
+            copy.make_ascii_lowercase();
+            MediaType::Short(short, essence.len())
+        }
+        _ => MediaType::Long(String::from_utf8_lossy(essence).to_ascii_lowercase()),
+    })
+}
+
+/// The longest media type lower-cased on the stack; real ones are far shorter.
+const SHORT_MEDIA_TYPE: usize = 64;
+
+/// A lower-cased media type: the bytes [`media_type`] hashes.
+enum MediaType {
+    Short([u8; SHORT_MEDIA_TYPE], usize),
+    Long(String),
+}
+
+impl MediaType {
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            MediaType::Short(bytes, len) => &bytes[..*len],
+            MediaType::Long(text) => text.as_bytes(),
+        }
+    }
 }
 
 /// `application/json`, or any `type/subtype+json` such as `application/merge-patch+json`.
-fn is_json(essence: &str) -> bool {
-    essence == "application/json" || essence.ends_with("+json")
+fn is_json(essence: &[u8]) -> bool {
+    essence == b"application/json" || essence.ends_with(b"+json")
 }
 
 /// The canonical form of a JSON value: object keys sorted (by their UTF-8 bytes) at every depth,
@@ -275,10 +303,56 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        // Members whose names arrive in strictly increasing order are already in canonical
+        // order: they are written in place, with no scratch buffer (most bodies come from code
+        // that writes a fixed order, often sorted). The first name out of order, or one member
+        // more than `sorted` holds, moves them to the general way below.
+        let out = &mut *self.0;
+        let start = out.len();
+        let mut sorted: [Option<Member<'de>>; SORTED_MEMBERS] = [const { None }; SORTED_MEMBERS];
+        let mut count: usize = 0;
+        out.push(b'{');
+        let pending = loop {
+            let Some(key) = map.next_key_seed(MemberName)? else {
+                out.push(b'}');
+                return Ok(());
+            };
+            let in_order = match count.checked_sub(1).map(|last| &sorted[last]) {
+                None => true,
+                Some(Some((last, _))) => last.as_bytes() < key.as_bytes(),
+                Some(None) => false,
+            };
+            if !in_order || count == SORTED_MEMBERS {
+                break key;
+            }
+            if count > 0 {
+                out.push(b',');
+            }
+            write_scalar(key.as_ref(), out);
+            out.push(b':');
+            let value_start = out.len();
+            map.next_value_seed(Canonical(&mut *out))?;
+            sorted[count] = Some((key, value_start..out.len()));
+            count += 1;
+        };
         // Each value is written to one scratch buffer; the members are then put in key order.
         let mut scratch = Vec::new();
-        let mut members: Vec<(std::borrow::Cow<'de, str>, std::ops::Range<usize>)> = Vec::new();
-        while let Some(key) = map.next_key_seed(MemberName)? {
+        let mut members: Vec<Member<'de>> = Vec::with_capacity(count + 1);
+        for (key, range) in sorted.into_iter().flatten() {
+            let at = scratch.len();
+            scratch.extend_from_slice(&out[range]);
+            members.push((key, at..scratch.len()));
+        }
+        out.truncate(start);
+        let mut next = Some(pending);
+        loop {
+            let key = match next.take() {
+                Some(key) => key,
+                None => match map.next_key_seed(MemberName)? {
+                    Some(key) => key,
+                    None => break,
+                },
+            };
             let start = scratch.len();
             map.next_value_seed(Canonical(&mut scratch))?;
             members.push((key, start..scratch.len()));
@@ -303,6 +377,12 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
         Ok(())
     }
 }
+
+/// An object member: its name, and where its canonical value was written.
+type Member<'de> = (std::borrow::Cow<'de, str>, std::ops::Range<usize>);
+
+/// Members of one object written in place before the general way takes over.
+const SORTED_MEMBERS: usize = 16;
 
 /// An object member's name, borrowed from the body when it has no escapes.
 struct MemberName;
@@ -559,6 +639,32 @@ mod tests {
             "",
         ] {
             let parsed = serde_json::from_slice::<Value>(text.as_bytes()).ok();
+            assert_eq!(
+                canonical_bytes(text.as_bytes()),
+                parsed.as_ref().map(canonical_json),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn objects_written_in_place_then_sorted_match_the_value_form() {
+        let members = |names: &mut dyn Iterator<Item = usize>| {
+            let members: Vec<String> = names
+                .map(|i| format!("\"k{i:02}\":{{\"z\":{i},\"a\":[{i}]}}"))
+                .collect();
+            format!("{{{}}}", members.join(","))
+        };
+        for text in [
+            members(&mut (0..16)),
+            members(&mut (0..17)),
+            members(&mut (0..40)),
+            members(&mut (0..10).chain(5..8)),
+            members(&mut (0..3).chain([1, 20, 2])),
+            members(&mut (0..16).rev()),
+        ] {
+            let parsed = serde_json::from_slice::<Value>(text.as_bytes()).ok();
+            assert!(parsed.is_some(), "{text}");
             assert_eq!(
                 canonical_bytes(text.as_bytes()),
                 parsed.as_ref().map(canonical_json),

@@ -257,23 +257,51 @@ impl Drop for RequestRecord {
 }
 
 /// Run one store operation, timing it into `idempotency_store_duration_seconds{op,store}`.
-pub(crate) async fn timed<T>(
-    store: &'static str,
-    op: &'static str,
-    work: impl Future<Output = T>,
-) -> T {
-    #[cfg(feature = "metrics")]
-    {
-        let started = std::time::Instant::now();
-        let output = work.await;
-        metrics::histogram!(STORE_DURATION, "op" => op, "store" => store)
-            .record(started.elapsed().as_secs_f64());
-        output
+///
+/// A combinator rather than an `async fn`, which would keep `work` twice in its state.
+#[cfg(feature = "metrics")]
+pub(crate) fn timed<F: Future>(store: &'static str, op: &'static str, work: F) -> Timed<F> {
+    Timed {
+        work,
+        store,
+        op,
+        started: None,
     }
-    #[cfg(not(feature = "metrics"))]
-    {
-        let _ = (store, op);
-        work.await
+}
+
+/// Run one store operation (timed only with the `metrics` feature).
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn timed<F: Future>(store: &'static str, op: &'static str, work: F) -> F {
+    let _ = (store, op);
+    work
+}
+
+#[cfg(feature = "metrics")]
+pin_project_lite::pin_project! {
+    /// The future of [`timed`]: the clock starts at the first poll, as the operation does.
+    pub(crate) struct Timed<F> {
+        #[pin]
+        work: F,
+        store: &'static str,
+        op: &'static str,
+        started: Option<std::time::Instant>,
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl<F: Future> Future for Timed<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let started = *this.started.get_or_insert_with(std::time::Instant::now);
+        let output = std::task::ready!(this.work.poll(cx));
+        metrics::histogram!(STORE_DURATION, "op" => *this.op, "store" => *this.store)
+            .record(started.elapsed().as_secs_f64());
+        std::task::Poll::Ready(output)
     }
 }
 

@@ -38,18 +38,21 @@ impl std::error::Error for TimedOut {}
 /// Giving up drops the call's future. The store backends in this crate are cancellation-safe in
 /// the sense that matters here: sqlx returns (or closes) a connection whose query was dropped,
 /// and the Redis connection manager fails only the dropped request.
-pub(crate) async fn bounded<T>(
+///
+/// A combinator rather than an `async fn`: an `async fn` keeps its argument and the future it
+/// awaits as two copies in its state, and the flow's futures nest several of these.
+pub(crate) fn bounded<T>(
     what: &'static str,
     limit: Duration,
     call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match within(limit, call).await {
+) -> impl Future<Output = Result<T, StoreError>> {
+    futures_util::FutureExt::map(within(limit, call), move |result| match result {
         Ok(result) => result,
         Err(Elapsed) => Err(StoreError::new(
             StoreErrorKind::Unavailable,
             TimedOut { what, limit },
         )),
-    }
+    })
 }
 
 /// The time limit of [`within`] passed.
@@ -75,8 +78,9 @@ pin_project_lite::pin_project! {
         future: F,
         // `None` when the limit is too far to represent: no timer, as tokio's far future.
         deadline: Option<Instant>,
-        #[pin]
-        sleep: Option<Sleep>,
+        // Boxed: a timer is large, and every flow future that awaits a store call would carry
+        // its room inline, though most calls never make one.
+        sleep: Option<Pin<Box<Sleep>>>,
     }
 }
 
@@ -84,19 +88,19 @@ impl<F: Future> Future for Within<F> {
     type Output = Result<F::Output, Elapsed>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
+        let this = self.project();
         if let Poll::Ready(output) = this.future.poll(cx) {
             return Poll::Ready(Ok(output));
         }
         let Some(deadline) = *this.deadline else {
             return Poll::Pending;
         };
-        if this.sleep.is_none() {
-            this.sleep.set(Some(tokio::time::sleep_until(deadline)));
-        }
-        match this.sleep.as_pin_mut().map(|sleep| sleep.poll(cx)) {
-            Some(Poll::Ready(())) => Poll::Ready(Err(Elapsed)),
-            _ => Poll::Pending,
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(Elapsed)),
+            Poll::Pending => Poll::Pending,
         }
     }
 }

@@ -52,7 +52,8 @@ pub(super) async fn claim<St: Store, M: Mode<St>>(
             Err(err) if err.kind() == StoreErrorKind::Conflict && conflicts + 1 < CLAIM_TRIES => {
                 conflicts += 1;
                 tracing::debug!(target: "tower_idempotency", error = %observe::Chain(&err), conflicts, "the claim conflicted with a concurrent one; claiming again");
-                tokio::time::sleep(Duration::from_millis(5 << conflicts)).await;
+                // Boxed, as the wait below: the claim's future does not carry their room.
+                Box::pin(tokio::time::sleep(Duration::from_millis(5 << conflicts))).await;
                 continue;
             }
             Ok(claimed) => claimed,
@@ -69,7 +70,7 @@ pub(super) async fn claim<St: Store, M: Mode<St>>(
                 let pause = (deadline - now)
                     .min(lease_remaining)
                     .min(WAIT_POLL_INTERVAL);
-                M::wait(&layer.store, &key, pause).await;
+                Box::pin(M::wait(&layer.store, &key, pause)).await;
             }
             (outcome, _) => {
                 if waited {

@@ -98,7 +98,9 @@ impl<F: Flow> ClaimedRun<F> {
         let result = tokio::select! {
             biased;
             result = AssertUnwindSafe(call_handler(inner, req, limit)).catch_unwind() => result,
-            never = renew_forever(&lease), if lease.leased => match never {},
+            // Made and boxed on its first poll, that is only when the handler does not answer at
+            // once: the run's future does not carry the heartbeat's room.
+            never = async { Box::pin(renew_forever(&lease)).await }, if lease.leased => match never {},
         };
         match result {
             // The handler is done: its duration is recorded without the save that follows.
@@ -182,6 +184,9 @@ where
     if body.size_hint().lower() > limit as u64 {
         return Ok((parts, BodyRead::TooLarge(Bytes::new(), body)));
     }
+    // The first data frame is kept as it is, and copied only when a second one follows: most
+    // bodies are one frame.
+    let mut first = Bytes::new();
     let mut read = bytes::BytesMut::new();
     let mut trailers = HeaderMap::new();
     loop {
@@ -189,7 +194,16 @@ where
             None => break,
             Some(Err(err)) => return Ok((parts, BodyRead::Failed(err.into()))),
             Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) if first.is_empty() && read.is_empty() => {
+                    first = data;
+                    if first.len() > limit {
+                        return Ok((parts, BodyRead::TooLarge(first, body)));
+                    }
+                }
                 Ok(data) => {
+                    if read.is_empty() {
+                        read.extend_from_slice(&std::mem::take(&mut first));
+                    }
                     read.extend_from_slice(&data);
                     if read.len() > limit {
                         return Ok((parts, BodyRead::TooLarge(read.freeze(), body)));
@@ -203,5 +217,10 @@ where
             },
         }
     }
-    Ok((parts, BodyRead::Whole(read.freeze(), trailers)))
+    let whole = if read.is_empty() {
+        first
+    } else {
+        read.freeze()
+    };
+    Ok((parts, BodyRead::Whole(whole, trailers)))
 }

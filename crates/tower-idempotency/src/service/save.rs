@@ -146,7 +146,8 @@ impl<St: Store> Lease<St> {
             match bounded("the save", limit, complete).await {
                 Err(err) if tries < SAVE_TRIES => {
                     tracing::warn!(target: "tower_idempotency", key = %self.key, error = %observe::Chain(&err), tries, "saving the response failed; trying again");
-                    tokio::time::sleep(Duration::from_millis(20 << tries)).await;
+                    // Boxed: the save's future does not carry a timer's room for the rare retry.
+                    Box::pin(tokio::time::sleep(Duration::from_millis(20 << tries))).await;
                     tries += 1;
                 }
                 result => return result,
