@@ -197,6 +197,55 @@ async fn sqlite_one_batch_answers_every_outcome() {
     .await;
 }
 
+/// Claims and saves of concurrent requests share one statement on PostgreSQL. A save and a
+/// retry of its key in one batch: the save runs first, and the retry is answered the saved
+/// response, as a retry arriving just after the save would be. Fencing holds per save.
+#[tokio::test]
+async fn postgres_claims_and_saves_share_one_batch() {
+    bounded("the batch of claims and saves", async {
+        let store = postgres().await;
+        let saving = claim_of(random_key(), "saving", LONG, DAY);
+        let held = claim_of(random_key(), "held", LONG, DAY);
+        for setup in [&saving, &held] {
+            assert_eq!(store.claim(setup).await.unwrap(), claimed(false));
+        }
+        let fresh = claim_of(random_key(), "fresh", LONG, DAY);
+        let answer = response();
+        let retry = retry_of(&saving);
+        let before = store.batch_stats();
+        // One task of a current-thread runtime: every operation is queued before the batch
+        // driver runs, so they share one batch.
+        let (saves, claims) = tokio::join!(
+            join_all([
+                store.complete(&saving.key, saving.token, &answer),
+                store.complete(&held.key, fresh.token, &answer),
+            ]),
+            join_all([store.claim(&retry), store.claim(&fresh)]),
+        );
+        let shared = store.batch_stats() - before;
+        let saves: Vec<bool> = saves.into_iter().map(|s| s.unwrap().applied()).collect();
+        assert_eq!(saves, [true, false], "only the holder's save applies");
+        assert_eq!(claims[0].as_ref().unwrap(), &ClaimOutcome::Done(answer));
+        assert_eq!(claims[1].as_ref().unwrap(), &claimed(false));
+        assert_eq!(
+            shared,
+            BatchStats {
+                batches: 1,
+                entries: 4
+            },
+            "the claims and saves did not share one batch"
+        );
+        assert!(
+            matches!(
+                store.claim(&retry_of(&held)).await.unwrap(),
+                ClaimOutcome::InFlight { .. }
+            ),
+            "the fenced-out save left the record running"
+        );
+    })
+    .await;
+}
+
 /// Executions of the handler, by key.
 #[derive(Clone, Default)]
 struct Executions(Arc<Mutex<HashMap<String, usize>>>);

@@ -70,7 +70,7 @@ impl Default for Batching {
     fn default() -> Self {
         Self {
             max_batch: 128,
-            pipeline: 2,
+            pipeline: 1,
             queue: 4096,
         }
     }

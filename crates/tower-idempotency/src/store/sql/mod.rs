@@ -256,22 +256,6 @@ where
         })
     }
 
-    // PostgreSQL writes held records in batches of arrays (postgres/batch.rs).
-    #[cfg(any(feature = "sqlite", feature = "mysql"))]
-    /// The parameters of `renew`: 1 key, 2 token, 3 lease in milliseconds.
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
-    pub(super) fn renew(
-        key: &KeyHash,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<DB::Arguments, StoreError> {
-        Self::encoded(|args| {
-            args.add(key.as_bytes().as_slice())?;
-            args.add(token.as_uuid())?;
-            args.add(millis(lease))
-        })
-    }
-
     /// The parameters of `complete`: 1 key, 2 token, 3 status, 4 headers, 5 body.
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(super) fn complete(

@@ -9,7 +9,10 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use sqlx::{postgres::PgPool, Row, SqlStr};
+use sqlx::{
+    postgres::{PgPool, PgRow},
+    Row, SqlStr,
+};
 
 use super::{
     queries::{take_over_sql, RELEASE},
@@ -28,21 +31,15 @@ use crate::{
 /// before its entries are failed with [`StoreErrorKind::Conflict`].
 const CONFLICT_ATTEMPTS: usize = 3;
 
-/// Claim many keys in one statement: the one-key claim (`claim_sql!` in `queries.rs`) with every entry's parameters in
-/// arrays.
-///
-/// `live`, `claimed` and `existing` are the one-key statement's, joined on the entry's number
-/// `n`. `live` probes the primary key once per entry (a `LATERAL` subquery the planner cannot
-/// turn into a join): a plan made while the table was empty or unanalysed would otherwise hash
-/// the whole table on every batch, and one generic plan serves a connection for its life. The keys of one statement are distinct (the runner sees to it), so `ON CONFLICT .. DO
-/// UPDATE` never meets one row twice. The insert takes its rows in key order, so two batches
-/// that share keys lock them in the same order and cannot deadlock each other.
-///
-/// An entry that raced with an insert committed after the snapshot returns no row, as in the
-/// one-key statement; the runner claims it again in the next round.
-pub(super) const CLAIM_MANY: &str = concat!(
-    r#"
-WITH input AS (
+/// The claim of many keys, with CTEs before its own (`$before`, each ending in a comma) and
+/// more rows after its own (`$after`, starting with `UNION ALL`).
+macro_rules! claim_many_sql {
+    ($before:literal, $after:literal) => {
+        concat!(
+            "\nWITH ",
+            $before,
+            r#"
+input AS (
     SELECT *
     FROM unnest($1::bytea[], $2::bytea[], $3::uuid[], $4::bigint[], $5::bigint[])
         WITH ORDINALITY AS i(key, fingerprint, token, lease_ms, ttl_ms, n)
@@ -68,8 +65,8 @@ claimed AS (
     WHERE NOT EXISTS (SELECT FROM live WHERE live.n = i.n)
     ORDER BY i.key
 "#,
-    take_over_sql!(),
-    r#"    RETURNING r.key, r.created_at <> now() AS taken_over
+            take_over_sql!(),
+            r#"    RETURNING r.key, r.created_at <> now() AS taken_over
 ),
 existing AS (
     SELECT i.n, e.fingerprint <> i.fingerprint AS mismatch, e.state, e.status, e.headers,
@@ -96,19 +93,49 @@ SELECT n,
        greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
        status, headers, body
 FROM found
+"#,
+            $after
+        )
+    };
+}
+
+/// Claim many keys in one statement: the one-key claim (`claim_sql!` in `queries.rs`) with
+/// every entry's parameters in arrays.
+///
+/// `live`, `claimed` and `existing` are the one-key statement's, joined on the entry's number
+/// `n`. `live` probes the primary key once per entry (a `LATERAL` subquery the planner cannot
+/// turn into a join): a plan made while the table was empty or unanalysed would otherwise hash
+/// the whole table on every batch, and one generic plan serves a connection for its life.
+///
+/// The keys of one statement are distinct (the runner sees to it), so `ON CONFLICT .. DO
+/// UPDATE` never meets one row twice. The insert takes its rows in key order, so two batches
+/// that share keys lock them in the same order and cannot deadlock each other.
+///
+/// An entry that raced with an insert committed after the snapshot returns no row, as in the
+/// one-key statement; the runner claims it again in the next round.
+pub(super) const CLAIM_MANY: &str = claim_many_sql!("", "");
+
+/// [`CLAIM_MANY`] with the saves of the same batch in front (`saved`: each response saved on its
+/// running record held with its token, the saves numbered), so a batch of claims and saves is one statement and one commit.
+/// The runner never puts a claim and a save of one key in one statement: the save runs, and
+/// the claim goes to the next round, which sees the saved answer. A save's row comes back as
+/// `outcome = 'saved'`, numbered among the saves, with the record's `watched` flag in
+/// `taken_over`.
+pub(super) const CLAIM_AND_COMPLETE_MANY: &str = claim_many_sql!(
+    r#"
+saved AS (
+    UPDATE idempotency_records AS s
+    SET state = 'done', status = u.status, headers = u.headers, body = u.body
+    FROM unnest($6::bytea[], $7::uuid[], $8::integer[], $9::bytea[], $10::bytea[])
+        WITH ORDINALITY AS u(key, token, status, headers, body, n)
+    WHERE s.key = u.key AND s.token = u.token AND s.state = 'running'
+    RETURNING u.n, s.watched
+),"#,
+    r#"UNION ALL
+SELECT n, 'saved', watched, NULL::bigint, NULL::integer, NULL::bytea, NULL::bytea
+FROM saved
 "#
 );
-
-/// Save many responses, each on its running record held with its token; one row per record
-/// saved, telling whether a waiter watches it.
-const COMPLETE_MANY: &str = r#"
-UPDATE idempotency_records AS r
-SET state = 'done', status = u.status, headers = u.headers, body = u.body
-FROM unnest($1::bytea[], $2::uuid[], $3::integer[], $4::bytea[], $5::bytea[])
-    AS u(key, token, status, headers, body)
-WHERE r.key = u.key AND r.token = u.token AND r.state = 'running'
-RETURNING r.key, r.token, r.watched
-"#;
 
 /// Delete many running records, each held with its token; one row per record deleted.
 const RELEASE_MANY: &str = r#"
@@ -131,84 +158,187 @@ RETURNING r.key, r.token, false AS watched
 /// Notify the waiters of many watched records at once.
 const NOTIFY_MANY: &str = "SELECT pg_notify($1, k) FROM unnest($2::text[]) AS k";
 
-/// Runs batches of claims.
-pub(super) struct Claims {
+/// One operation of the batch of claims and saves.
+#[derive(Debug)]
+pub(super) enum Op {
+    Claim(Claim),
+    /// Save the response (status, encoded headers, body) on the record held with `token`.
+    Complete {
+        key: KeyHash,
+        token: FencingToken,
+        status: i32,
+        headers: Vec<u8>,
+        body: bytes::Bytes,
+    },
+}
+
+/// What an [`Op`] answered.
+#[derive(Debug)]
+// Moved once per operation, as `ClaimOutcome` itself is (see its note).
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Answer {
+    Claim(ClaimOutcome),
+    Fenced(Fenced),
+}
+
+/// Runs batches of claims and saves: the saves and the first round of claims in one statement
+/// ([`CLAIM_AND_COMPLETE_MANY`]), or the claims alone ([`CLAIM_MANY`]) when nothing is saved.
+/// Each request waits on two commits of its own, the claim's and the save's, but a batch holds
+/// both kinds, so a request shares each with the others' claims and saves alike.
+pub(super) struct ClaimsAndSaves {
     pool: PgPool,
-    /// [`CLAIM_MANY`] and the one-key release, for the store's table.
+    /// [`CLAIM_MANY`], [`CLAIM_AND_COMPLETE_MANY`] and the one-key release, for the store's
+    /// table.
     claim_many: SqlStr,
+    claim_and_complete_many: SqlStr,
     release: SqlStr,
 }
 
-impl Claims {
+impl ClaimsAndSaves {
     pub(super) fn new(pool: PgPool, table: &TableName) -> Self {
         Self {
             pool,
             claim_many: table.statement(CLAIM_MANY),
+            claim_and_complete_many: table.statement(CLAIM_AND_COMPLETE_MANY),
             release: table.statement(RELEASE),
         }
     }
 }
 
-impl Runner for Claims {
-    type Entry = Claim;
-    type Output = ClaimOutcome;
+/// The answers of one batch while its rounds run.
+struct Answers<'a> {
+    ops: &'a [Op],
+    answers: Vec<Option<Result<Answer, StoreError>>>,
+    /// The saves not run yet (all of them, until the first round).
+    saves: Vec<usize>,
+    /// Hex keys of saved records a waiter watches.
+    watched: Vec<String>,
+}
 
-    /// Rounds of [`CLAIM_MANY`], each with at most one entry per key, until every entry is
-    /// answered. A later entry for a key with the fingerprint of the one that ran is answered
-    /// from that outcome, as a duplicate arriving at the same instant would be: in flight behind
-    /// a fresh claim (for the whole lease), or the same in-flight, mismatch or done answer. A
-    /// later entry with another fingerprint, and one that raced, runs in the next round.
-    async fn run(
-        &self,
-        claims: &[Claim],
-    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
-        let mut outcomes: Vec<Option<Result<ClaimOutcome, StoreError>>> =
-            claims.iter().map(|_| None).collect();
-        for _ in 0..claims.len() + CLAIM_ATTEMPTS {
-            let mut first_of_key: HashMap<&KeyHash, usize> = HashMap::new();
-            let round: Vec<usize> = (0..claims.len())
-                .filter(|&i| outcomes[i].is_none())
-                .filter(|&i| first_of_key.insert(&claims[i].key, i).is_none())
-                .collect();
-            if round.is_empty() {
-                break;
-            }
-            let rows = retry_conflicts(|| self.claim_many(claims, &round)).await?;
-            for row in &rows {
-                let n: i64 = row.try_get("n")?;
-                let index = usize::try_from(n - 1)
-                    .ok()
-                    .and_then(|n| round.get(n))
-                    .ok_or_else(|| StoreError::corrupt("the claim returned an unknown entry"))?;
-                outcomes[*index] = Some(Codec::claim_outcome(row));
-            }
-            for i in 0..claims.len() {
-                if outcomes[i].is_some() {
-                    continue;
+impl<'a> Answers<'a> {
+    fn new(ops: &'a [Op]) -> Self {
+        let saves = (0..ops.len())
+            .filter(|&i| matches!(ops[i], Op::Complete { .. }))
+            .collect();
+        Self {
+            ops,
+            answers: ops.iter().map(|_| None).collect(),
+            saves,
+            watched: Vec::new(),
+        }
+    }
+
+    fn claim(&self, i: usize) -> Option<&'a Claim> {
+        match &self.ops[i] {
+            Op::Claim(claim) => Some(claim),
+            Op::Complete { .. } => None,
+        }
+    }
+
+    /// The claims of the next round: unanswered, the first of their key, and none of a key
+    /// this round saves.
+    fn round(&self) -> (Vec<usize>, HashMap<&'a KeyHash, usize>) {
+        let saved: Vec<&KeyHash> = self.saves.iter().map(|&i| key_of(&self.ops[i])).collect();
+        let mut first_of_key = HashMap::new();
+        let round = (0..self.ops.len())
+            .filter(|&i| self.answers[i].is_none())
+            .filter_map(|i| self.claim(i).map(|claim| (i, claim)))
+            .filter(|(_, claim)| !saved.contains(&&claim.key))
+            .filter(|&(i, claim)| first_of_key.insert(&claim.key, i).is_none())
+            .map(|(i, _)| i)
+            .collect();
+        (round, first_of_key)
+    }
+
+    /// Take the rows of a round's statement; a save with no row lost its token.
+    fn take(&mut self, rows: &[PgRow], round: &[usize]) -> Result<(), StoreError> {
+        let unknown = || StoreError::corrupt("the batch returned an unknown entry");
+        for row in rows {
+            let n = usize::try_from(row.try_get::<i64, _>("n")? - 1).map_err(|_| unknown())?;
+            if row.try_get::<&str, _>("outcome")? == "saved" {
+                let i = *self.saves.get(n).ok_or_else(unknown)?;
+                if row.try_get("taken_over")? {
+                    self.watched.push(key_of(&self.ops[i]).to_hex());
                 }
-                let Some(&first) = first_of_key.get(&claims[i].key) else {
-                    continue;
-                };
-                if claims[first].fingerprint != claims[i].fingerprint {
-                    continue;
-                }
-                if let Some(Ok(outcome)) = &outcomes[first] {
-                    outcomes[i] = Some(Ok(duplicate_of(outcome, &claims[first])));
-                }
+                self.answers[i] = Some(Ok(Answer::Fenced(Fenced::Applied)));
+            } else {
+                let i = *round.get(n).ok_or_else(unknown)?;
+                self.answers[i] = Some(Codec::claim_outcome(row).map(Answer::Claim));
             }
         }
-        Ok(outcomes
+        for i in std::mem::take(&mut self.saves) {
+            self.answers[i].get_or_insert(Ok(Answer::Fenced(Fenced::Lost)));
+        }
+        Ok(())
+    }
+
+    /// A later claim of a round's key with the fingerprint of the one that ran is answered from
+    /// that outcome, as a duplicate arriving at the same instant would be.
+    fn answer_duplicates(&mut self, first_of_key: &HashMap<&KeyHash, usize>) {
+        for i in 0..self.ops.len() {
+            let Some(claim) = self.claim(i).filter(|_| self.answers[i].is_none()) else {
+                continue;
+            };
+            let Some(&first) = first_of_key.get(&claim.key) else {
+                continue;
+            };
+            let Some(first_claim) = self.claim(first) else {
+                continue;
+            };
+            if first_claim.fingerprint != claim.fingerprint {
+                continue;
+            }
+            if let Some(Ok(Answer::Claim(outcome))) = &self.answers[first] {
+                let duplicate = duplicate_of(outcome, first_claim);
+                self.answers[i] = Some(Ok(Answer::Claim(duplicate)));
+            }
+        }
+    }
+}
+
+fn key_of(op: &Op) -> &KeyHash {
+    match op {
+        Op::Complete { key, .. } => key,
+        Op::Claim(claim) => &claim.key,
+    }
+}
+
+impl Runner for ClaimsAndSaves {
+    type Entry = Op;
+    type Output = Answer;
+
+    /// Rounds of statements, each with at most one claim per key, until every operation is
+    /// answered; the first round also runs every save. A later claim for a key with the
+    /// fingerprint of the one that ran is answered from that outcome: in flight behind a fresh
+    /// claim (for the whole lease), or the same in-flight, mismatch or done answer. A later claim
+    /// with another fingerprint, one of a key saved in the same round, and one that raced, runs
+    /// in the next round.
+    async fn run(&self, ops: &[Op]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
+        let mut answers = Answers::new(ops);
+        for _ in 0..ops.len() + CLAIM_ATTEMPTS {
+            let (round, first_of_key) = answers.round();
+            if round.is_empty() && answers.saves.is_empty() {
+                break;
+            }
+            let saves = answers.saves.clone();
+            let rows = retry_conflicts(|| self.statement(ops, &round, &saves)).await?;
+            answers.take(&rows, &round)?;
+            answers.answer_duplicates(&first_of_key);
+        }
+        notify(&self.pool, std::mem::take(&mut answers.watched)).await?;
+        Ok(answers
+            .answers
             .into_iter()
-            .map(|outcome| outcome.unwrap_or_else(|| Err(super::raced())))
+            .map(|answer| answer.unwrap_or_else(|| Err(super::raced())))
             .collect())
     }
 
     /// A claim won for a request that is gone: release it now rather than leave the key to its
     /// lease.
-    fn abandoned(self: &Arc<Self>, claim: Claim, outcome: ClaimOutcome) {
-        if !matches!(outcome, ClaimOutcome::Claimed { .. }) {
+    fn abandoned(self: &Arc<Self>, op: Op, answer: Answer) {
+        let (Op::Claim(claim), Answer::Claim(ClaimOutcome::Claimed { .. })) = (op, answer) else {
             return;
-        }
+        };
         let (pool, release) = (self.pool.clone(), self.release.clone());
         sql::release_abandoned(async move {
             let held = Codec::held(&claim.key, claim.token)?;
@@ -226,24 +356,71 @@ fn duplicate_of(outcome: &ClaimOutcome, first: &Claim) -> ClaimOutcome {
     }
 }
 
-/// One round of [`CLAIM_MANY`] over the entries `round` of `claims`.
-impl Claims {
-    async fn claim_many(
+impl ClaimsAndSaves {
+    /// One round: the claims `round` of `ops`, with the saves `saves` when there are any.
+    async fn statement(
         &self,
-        claims: &[Claim],
+        ops: &[Op],
         round: &[usize],
-    ) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
-        let picked = || round.iter().map(|&i| &claims[i]);
-        let rows = sqlx::query(self.claim_many.clone())
-            .bind(picked().map(|c| c.key.0).collect::<Vec<_>>())
-            .bind(picked().map(|c| c.fingerprint.0).collect::<Vec<_>>())
-            .bind(picked().map(|c| c.token.as_uuid()).collect::<Vec<_>>())
-            .bind(picked().map(|c| millis(c.lease)).collect::<Vec<_>>())
-            .bind(picked().map(|c| millis(c.ttl)).collect::<Vec<_>>())
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows)
+        saves: &[usize],
+    ) -> Result<Vec<PgRow>, StoreError> {
+        let claims = || {
+            round.iter().filter_map(|&i| match &ops[i] {
+                Op::Claim(claim) => Some(claim),
+                Op::Complete { .. } => None,
+            })
+        };
+        let statement = if saves.is_empty() {
+            self.claim_many.clone()
+        } else {
+            self.claim_and_complete_many.clone()
+        };
+        let mut query = sqlx::query(statement)
+            .bind(claims().map(|c| c.key.0).collect::<Vec<_>>())
+            .bind(claims().map(|c| c.fingerprint.0).collect::<Vec<_>>())
+            .bind(claims().map(|c| c.token.as_uuid()).collect::<Vec<_>>())
+            .bind(claims().map(|c| millis(c.lease)).collect::<Vec<_>>())
+            .bind(claims().map(|c| millis(c.ttl)).collect::<Vec<_>>());
+        if !saves.is_empty() {
+            let (mut keys, mut tokens, mut statuses, mut headers, mut bodies) =
+                (vec![], vec![], vec![], vec![], vec![]);
+            for &i in saves {
+                if let Op::Complete {
+                    key,
+                    token,
+                    status,
+                    headers: encoded,
+                    body,
+                } = &ops[i]
+                {
+                    keys.push(key.0);
+                    tokens.push(token.as_uuid());
+                    statuses.push(*status);
+                    headers.push(encoded.as_slice());
+                    bodies.push(body.as_ref());
+                }
+            }
+            query = query
+                .bind(keys)
+                .bind(tokens)
+                .bind(statuses)
+                .bind(headers)
+                .bind(bodies);
+        }
+        Ok(query.fetch_all(&self.pool).await?)
     }
+}
+
+/// Tell the waiters of the `watched` records (hex keys) that they changed.
+async fn notify(pool: &PgPool, watched: Vec<String>) -> Result<(), StoreError> {
+    if !watched.is_empty() {
+        sqlx::query(NOTIFY_MANY)
+            .bind(CHANNEL)
+            .bind(watched)
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Run `statement` again while the database aborts it over a conflict with a concurrent one.
@@ -273,12 +450,6 @@ pub(super) struct Write {
 /// What a [`Write`] does to the record.
 #[derive(Debug)]
 pub(super) enum Change {
-    /// Save the response: status, encoded headers, body.
-    Complete {
-        status: i32,
-        headers: Vec<u8>,
-        body: bytes::Bytes,
-    },
     /// Delete the record.
     Release,
     /// Extend the lease by this many milliseconds from now.
@@ -288,7 +459,6 @@ pub(super) enum Change {
 /// Which statement a [`Writes`] runner runs; every entry of its batches is of that kind.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum WriteKind {
-    Complete,
     Release,
     Renew,
 }
@@ -321,13 +491,7 @@ impl Runner for Writes {
             .filter(|w| applied.get(&(w.key.0, w.token.as_uuid())) == Some(&true))
             .map(|w| w.key.to_hex())
             .collect();
-        if !watched.is_empty() {
-            sqlx::query(NOTIFY_MANY)
-                .bind(CHANNEL)
-                .bind(watched)
-                .execute(&self.pool)
-                .await?;
-        }
+        notify(&self.pool, watched).await?;
         Ok(writes
             .iter()
             .map(|w| {
@@ -342,7 +506,6 @@ impl Runner for Writes {
 impl Writes {
     pub(super) fn new(pool: PgPool, kind: WriteKind, table: &TableName) -> Self {
         let template = match kind {
-            WriteKind::Complete => COMPLETE_MANY,
             WriteKind::Release => RELEASE_MANY,
             WriteKind::Renew => RENEW_MANY,
         };
@@ -353,58 +516,23 @@ impl Writes {
         }
     }
 
-    async fn write_many(&self, writes: &[Write]) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
-        let keys = || writes.iter().map(|w| w.key.0).collect::<Vec<_>>();
-        let tokens = || writes.iter().map(|w| w.token.as_uuid()).collect::<Vec<_>>();
+    async fn write_many(&self, writes: &[Write]) -> Result<Vec<PgRow>, StoreError> {
+        let query = sqlx::query(self.statement.clone())
+            .bind(writes.iter().map(|w| w.key.0).collect::<Vec<_>>())
+            .bind(writes.iter().map(|w| w.token.as_uuid()).collect::<Vec<_>>());
         let query = match self.kind {
-            WriteKind::Complete => {
-                let (mut statuses, mut headers, mut bodies) = (Vec::new(), Vec::new(), Vec::new());
-                for write in writes {
-                    let (status, encoded, body) = match &write.change {
-                        Change::Complete {
-                            status,
-                            headers,
-                            body,
-                        } => (*status, headers.as_slice(), body.as_ref()),
-                        // Never queued here: a batcher runs one kind; a stray entry saves nothing.
-                        _ => (0, &[][..], &[][..]),
-                    };
-                    statuses.push(status);
-                    headers.push(encoded);
-                    bodies.push(body);
-                }
-                sqlx::query(self.statement.clone())
-                    .bind(keys())
-                    .bind(tokens())
-                    .bind(statuses)
-                    .bind(headers)
-                    .bind(bodies)
-                    .fetch_all(&self.pool)
-                    .await
-            }
-            WriteKind::Release => {
-                sqlx::query(self.statement.clone())
-                    .bind(keys())
-                    .bind(tokens())
-                    .fetch_all(&self.pool)
-                    .await
-            }
-            WriteKind::Renew => {
-                let leases: Vec<i64> = writes
+            WriteKind::Release => query,
+            WriteKind::Renew => query.bind(
+                writes
                     .iter()
                     .map(|w| match w.change {
                         Change::Renew { lease_ms } => lease_ms,
-                        _ => 1,
+                        // Never queued here: a batcher runs one kind of write.
+                        Change::Release => 1,
                     })
-                    .collect();
-                sqlx::query(self.statement.clone())
-                    .bind(keys())
-                    .bind(tokens())
-                    .bind(leases)
-                    .fetch_all(&self.pool)
-                    .await
-            }
+                    .collect::<Vec<_>>(),
+            ),
         };
-        Ok(query?)
+        Ok(query.fetch_all(&self.pool).await?)
     }
 }

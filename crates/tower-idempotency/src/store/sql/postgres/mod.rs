@@ -115,7 +115,7 @@ pub(in crate::store) mod error;
 mod listener;
 mod queries;
 
-use batch::{Change, Claims, Write, WriteKind, Writes};
+use batch::{Answer, Change, ClaimsAndSaves, Op, Write, WriteKind, Writes};
 use listener::ListenerState;
 use queries::{Queries, NOTIFY};
 
@@ -153,8 +153,8 @@ struct Inner {
     batching: Batching,
     table: TableName,
     queries: Queries,
-    claims: Batcher<Claims>,
-    completes: Batcher<Writes>,
+    /// Claims and saves share batches: one statement, one commit.
+    claims_and_saves: Batcher<ClaimsAndSaves>,
     releases: Batcher<Writes>,
     renewals: Batcher<Writes>,
     batches: Arc<Counters>,
@@ -215,12 +215,11 @@ impl PostgresStore {
         };
         Self {
             inner: Arc::new(Inner {
-                claims: Batcher::new(
-                    Claims::new(batch_pool.clone(), &table),
+                claims_and_saves: Batcher::new(
+                    ClaimsAndSaves::new(batch_pool.clone(), &table),
                     batching,
                     batches.clone(),
                 ),
-                completes: writes(WriteKind::Complete),
                 releases: writes(WriteKind::Release),
                 renewals: writes(WriteKind::Renew),
                 batches,
@@ -362,7 +361,15 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claims.submit(claim.clone()).await
+        match self
+            .inner
+            .claims_and_saves
+            .submit(Op::Claim(claim.clone()))
+            .await?
+        {
+            Answer::Claim(outcome) => Ok(outcome),
+            Answer::Fenced(_) => Err(StoreError::corrupt("a claim was answered as a save")),
+        }
     }
 
     async fn renew(
@@ -388,19 +395,17 @@ impl Store for PostgresStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        let change = Change::Complete {
+        let save = Op::Complete {
+            key: *key,
+            token,
             status: i32::from(response.status.as_u16()),
             headers: response.encode_headers(),
             body: response.body.clone(),
         };
-        self.inner
-            .completes
-            .submit(Write {
-                key: *key,
-                token,
-                change,
-            })
-            .await
+        match self.inner.claims_and_saves.submit(save).await? {
+            Answer::Fenced(fenced) => Ok(fenced),
+            Answer::Claim(_) => Err(StoreError::corrupt("a save was answered as a claim")),
+        }
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {

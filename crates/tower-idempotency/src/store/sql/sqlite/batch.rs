@@ -1,25 +1,41 @@
 //! The SQLite store's group commit: every write of concurrent requests (claims, saves, releases,
-//! renewals) in one `BEGIN IMMEDIATE .. COMMIT` (see [`batch`](crate::store::sql::batch)).
+//! renewals) in one `BEGIN IMMEDIATE .. COMMIT`, sent to SQLite's thread as one statement list
+//! (see [`batch`](crate::store::sql::batch) and [`BATCH`](super::queries::BATCH)).
 //!
 //! SQLite runs one writer at a time, and what a write costs is mostly the commit (a journal sync)
-//! and the hold of the file's write lock. A batch takes the store's writer queue and the write lock
-//! once, runs each entry's own one-key statement in order, and commits once. The entries of a
-//! batch run one after another on one connection, so two entries for one key see each other's
-//! writes exactly as two requests in a row would: nothing about a batch needs rules of its own.
+//! and the hold of the file's write lock. sqlx runs each statement on the connection's own thread,
+//! one hop there and back per statement; a batch run statement by statement would hold the write
+//! lock across every hop, and every other writer (the handler's own inserts too) would wait that
+//! long. So a batch is one hop: the entries of each kind go in as one JSON array, and SQLite
+//! begins, writes every entry, and commits before it answers.
+//!
+//! Within a batch, saves, releases and renewals run before the claims, so a claim of a key saved
+//! in the same batch sees the saved answer. Two claims of one key never share a round: the first
+//! runs, a later one with the same fingerprint is answered as a duplicate arriving at the same
+//! instant (in flight behind a fresh claim, or the first one's answer), and one with another
+//! fingerprint runs in the next round, after the first one's commit.
 
-use std::sync::Arc;
+use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 
-use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use sqlx::{
+    sqlite::{SqlitePool, SqliteRow},
+    Row,
+};
 use tokio::sync::Mutex;
 
-use super::{complete_on, queries::Queries, Codec};
+use super::{queries::Queries, Codec};
 use crate::{
-    key::KeyHash,
+    key::{push_hex, KeyHash},
     store::{
-        sql::{self, batch::Runner},
-        Claim, ClaimOutcome, Fenced, FencingToken, StoreError,
+        sql::{self, batch::Runner, millis},
+        Claim, ClaimOutcome, Fenced, FencingToken, StoreError, StoreErrorKind, StoredResponse,
     },
 };
+
+/// How many rounds a batch runs at most beyond one per entry (a claim that finds its answer
+/// neither read nor written is retried; it cannot happen inside one transaction, but a bound
+/// keeps a surprise from looping).
+const EXTRA_ROUNDS: usize = 2;
 
 /// One write queued for a batch.
 #[derive(Debug)]
@@ -28,7 +44,7 @@ pub(super) enum Write {
     Complete {
         key: KeyHash,
         token: FencingToken,
-        response: crate::store::StoredResponse,
+        response: StoredResponse,
     },
     Release {
         key: KeyHash,
@@ -50,6 +66,52 @@ pub(super) enum Written {
     Fenced(Fenced),
 }
 
+/// Runs batches of the lock-free reads that answer replays, duplicates in flight and
+/// mismatches ([`LIVE_MANY`](super::queries::LIVE_MANY)): one hop to SQLite's thread for all
+/// the claims that queued meanwhile, on any connection, beside the writers.
+pub(super) struct Reads {
+    pub(super) pool: SqlitePool,
+    pub(super) queries: Arc<Queries>,
+}
+
+impl Runner for Reads {
+    type Entry = Claim;
+    /// `None`: no live record answers the claim; it goes to the writes.
+    type Output = Option<ClaimOutcome>;
+
+    async fn run(
+        &self,
+        claims: &[Claim],
+    ) -> Result<Vec<Result<Option<ClaimOutcome>, StoreError>>, StoreError> {
+        let mut json = String::from("[");
+        for claim in claims {
+            if json.len() > 1 {
+                json.push(',');
+            }
+            json.push_str("{\"k\":\"");
+            push_hex(&mut json, claim.key.as_bytes());
+            json.push_str("\",\"f\":\"");
+            push_hex(&mut json, claim.fingerprint.as_bytes());
+            json.push_str("\"}");
+        }
+        json.push(']');
+        let rows = sqlx::query(self.queries.live_many.clone())
+            .bind(json)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut outcomes: Vec<Result<Option<ClaimOutcome>, StoreError>> =
+            claims.iter().map(|_| Ok(None)).collect();
+        for row in &rows {
+            let n = usize::try_from(row.try_get::<i64, _>("n")?)
+                .ok()
+                .filter(|&n| n < outcomes.len())
+                .ok_or_else(|| StoreError::corrupt("the read returned an unknown entry"))?;
+            outcomes[n] = Codec::claim_outcome(row).map(Some);
+        }
+        Ok(outcomes)
+    }
+}
+
 /// Runs batches of writes in one transaction each.
 pub(super) struct Writes {
     pub(super) pool: SqlitePool,
@@ -64,27 +126,41 @@ impl Runner for Writes {
     type Entry = Write;
     type Output = Written;
 
-    /// Each entry's statement, in order, inside one transaction. A statement that fails fails its
-    /// own entry (SQLite keeps the transaction open after a failed statement); a failed begin or
-    /// commit fails them all, and nothing of the batch is written.
+    /// Rounds of [`BATCH`](super::queries::BATCH) until every write is answered: the first
+    /// holds every save, release and renewal and the first claim of each key. A failed round
+    /// fails the whole batch; nothing of that round is written.
     async fn run(&self, writes: &[Write]) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
-        let _writer = self.writers.lock().await;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut results = Vec::with_capacity(writes.len());
-        for write in writes {
-            results.push(write_one(&self.queries, &mut tx, write).await);
+        let mut answers: Vec<Option<Written>> = writes.iter().map(|_| None).collect();
+        let mut fenced_done = false;
+        for _ in 0..writes.len() + EXTRA_ROUNDS {
+            let round = Round::of(writes, &answers, !fenced_done);
+            if round.is_empty() {
+                break;
+            }
+            let rows = self.run_round(&round).await?;
+            round.answer(writes, &rows, &mut answers)?;
+            fenced_done = true;
         }
-        tx.commit().await?;
-        for (write, result) in writes.iter().zip(&results) {
+        for (write, answer) in writes.iter().zip(&answers) {
             if let (
                 Write::Complete { key, .. } | Write::Release { key, .. },
-                Ok(Written::Fenced(Fenced::Applied)),
-            ) = (write, result)
+                Some(Written::Fenced(Fenced::Applied)),
+            ) = (write, answer)
             {
                 (self.announce)(key);
             }
         }
-        Ok(results)
+        Ok(answers
+            .into_iter()
+            .map(|answer| {
+                answer.ok_or_else(|| {
+                    StoreError::new(
+                        StoreErrorKind::Backend,
+                        "a batched write was left unanswered",
+                    )
+                })
+            })
+            .collect())
     }
 
     /// A claim won for a request that is gone: release it now rather than leave the key to its
@@ -106,36 +182,205 @@ impl Runner for Writes {
     }
 }
 
-async fn write_one(
-    queries: &Queries,
-    conn: &mut SqliteConnection,
-    write: &Write,
-) -> Result<Written, StoreError> {
+impl Writes {
+    /// One round in one transaction, on one connection, in one hop; a round that fails is rolled
+    /// back (or its connection closed), so nothing of it stays.
+    async fn run_round(&self, round: &Round) -> Result<Vec<SqliteRow>, StoreError> {
+        let _writer = self.writers.lock().await;
+        let mut conn = self.pool.acquire().await?;
+        let rows = sqlx::query(self.queries.batch.clone())
+            .bind(&round.json)
+            .fetch_all(&mut *conn)
+            .await;
+        if rows.is_err() {
+            // The statement list stopped part way, inside its transaction.
+            if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
+                conn.close_on_drop();
+            }
+        }
+        Ok(rows?)
+    }
+}
+
+/// The entries of one round: each kind's JSON array, and which write each element is.
+struct Round {
+    /// The batch's one parameter: `{"s": saves, "r": releases, "n": renewals, "c": claims}`.
+    json: String,
+    /// The writes behind the claims' array, in its order.
+    claims: Vec<usize>,
+    /// The first claim of each key in this round.
+    first_of_key: HashMap<KeyHash, usize>,
+    /// The token-checked writes of this round, by key and token.
+    fenced: HashMap<(KeyHash, FencingToken), usize>,
+}
+
+impl Round {
+    /// The unanswered writes: every save, release and renewal when `with_fenced`, and the first
+    /// unanswered claim of each key.
+    fn of(writes: &[Write], answers: &[Option<Written>], with_fenced: bool) -> Self {
+        let mut arrays: [String; 4] = Default::default();
+        let mut round = Round {
+            json: String::new(),
+            claims: Vec::new(),
+            first_of_key: HashMap::new(),
+            fenced: HashMap::new(),
+        };
+        for (i, write) in writes.iter().enumerate() {
+            if answers[i].is_some() {
+                continue;
+            }
+            let (array, key, token) = match write {
+                Write::Claim(claim) => {
+                    if round.first_of_key.contains_key(&claim.key) {
+                        continue;
+                    }
+                    round.first_of_key.insert(claim.key, i);
+                    round.claims.push(i);
+                    (3, &claim.key, claim.token)
+                }
+                _ if !with_fenced => continue,
+                Write::Complete { key, token, .. } => (0, key, *token),
+                Write::Release { key, token } => (1, key, *token),
+                Write::Renew { key, token, .. } => (2, key, *token),
+            };
+            if array != 3 {
+                round.fenced.insert((*key, token), i);
+            }
+            let out = &mut arrays[array];
+            out.push(if out.is_empty() { '[' } else { ',' });
+            push_entry(out, write);
+        }
+        for (name, mut array) in ["s", "r", "n", "c"].into_iter().zip(arrays) {
+            array.push_str(if array.is_empty() { "[]" } else { "]" });
+            round
+                .json
+                .push(if round.json.is_empty() { '{' } else { ',' });
+            let _ = write!(round.json, "\"{name}\":{array}");
+        }
+        round.json.push('}');
+        round
+    }
+
+    fn is_empty(&self) -> bool {
+        self.claims.is_empty() && self.fenced.is_empty()
+    }
+
+    /// Answer the writes of this round from its rows. A token-checked write with no row did not
+    /// apply; a later claim of a round's key with the first one's fingerprint is answered from
+    /// the first one's outcome.
+    fn answer(
+        &self,
+        writes: &[Write],
+        rows: &[SqliteRow],
+        answers: &mut [Option<Written>],
+    ) -> Result<(), StoreError> {
+        let unknown = || StoreError::corrupt("the batch returned an unknown entry");
+        for &i in self.fenced.values() {
+            answers[i] = Some(Written::Fenced(Fenced::Lost));
+        }
+        for row in rows {
+            let kind: &str = row.try_get("kind")?;
+            match kind {
+                "live" => {
+                    let n = usize::try_from(row.try_get::<i64, _>("n")?).map_err(|_| unknown())?;
+                    let i = *self.claims.get(n).ok_or_else(unknown)?;
+                    answers[i] = Some(Written::Claim(Codec::claim_outcome(row)?));
+                }
+                "claimed" => {
+                    let i = *self.first_of_key.get(&key_of(row)?).ok_or_else(unknown)?;
+                    let taken_over = row.try_get("taken_over")?;
+                    answers[i] = Some(Written::Claim(ClaimOutcome::Claimed { taken_over }));
+                }
+                _ => {
+                    let token = FencingToken::from_uuid(row.try_get("token")?);
+                    let i = *self
+                        .fenced
+                        .get(&(key_of(row)?, token))
+                        .ok_or_else(unknown)?;
+                    answers[i] = Some(Written::Fenced(Fenced::Applied));
+                }
+            }
+        }
+        for (i, write) in writes.iter().enumerate() {
+            let Write::Claim(claim) = write else { continue };
+            if answers[i].is_some() {
+                continue;
+            }
+            let Some(&first) = self.first_of_key.get(&claim.key) else {
+                continue;
+            };
+            let (Write::Claim(first_claim), Some(Written::Claim(outcome))) =
+                (&writes[first], &answers[first])
+            else {
+                continue;
+            };
+            if first_claim.fingerprint == claim.fingerprint {
+                let duplicate = match outcome {
+                    ClaimOutcome::Claimed { .. } => ClaimOutcome::in_flight(first_claim.lease),
+                    other => other.clone(),
+                };
+                answers[i] = Some(Written::Claim(duplicate));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn key_of(row: &SqliteRow) -> Result<KeyHash, StoreError> {
+    let key: &[u8] = row.try_get("key")?;
+    let key: [u8; 32] = key
+        .try_into()
+        .map_err(|_| StoreError::corrupt("a record's key is not 32 bytes"))?;
+    Ok(KeyHash(key))
+}
+
+/// `write` as one JSON object of [`BATCH`](super::queries::BATCH)'s arrays: blobs as hex,
+/// numbers as numbers; nothing else, so nothing needs escaping.
+fn push_entry(out: &mut String, write: &Write) {
+    let hex_field = |out: &mut String, name: &str, bytes: &[u8]| {
+        let _ = write!(out, "\"{name}\":\"");
+        push_hex(out, bytes);
+        out.push('"');
+    };
+    out.push('{');
     match write {
         Write::Claim(claim) => {
-            let row = sqlx::query_with(queries.claim.clone(), Codec::claim(claim)?)
-                .fetch_one(&mut *conn)
-                .await?;
-            Ok(Written::Claim(Codec::claim_outcome(&row)?))
+            hex_field(out, "k", claim.key.as_bytes());
+            out.push(',');
+            hex_field(out, "f", claim.fingerprint.as_bytes());
+            out.push(',');
+            hex_field(out, "t", claim.token.as_uuid().as_bytes());
+            let _ = write!(
+                out,
+                ",\"l\":{},\"e\":{}",
+                millis(claim.lease),
+                millis(claim.ttl)
+            );
         }
         Write::Complete {
             key,
             token,
             response,
-        } => Ok(Written::Fenced(
-            complete_on(queries, &mut *conn, key, *token, response).await?,
-        )),
+        } => {
+            hex_field(out, "k", key.as_bytes());
+            out.push(',');
+            hex_field(out, "t", token.as_uuid().as_bytes());
+            let _ = write!(out, ",\"s\":{},", response.status.as_u16());
+            hex_field(out, "h", &response.encode_headers());
+            out.push(',');
+            hex_field(out, "b", &response.body);
+        }
         Write::Release { key, token } => {
-            let done = sqlx::query_with(queries.release.clone(), Codec::held(key, *token)?)
-                .execute(&mut *conn)
-                .await?;
-            Ok(Written::Fenced(Fenced::from_rows(done.rows_affected())))
+            hex_field(out, "k", key.as_bytes());
+            out.push(',');
+            hex_field(out, "t", token.as_uuid().as_bytes());
         }
         Write::Renew { key, token, lease } => {
-            let done = sqlx::query_with(queries.renew.clone(), Codec::renew(key, *token, *lease)?)
-                .execute(&mut *conn)
-                .await?;
-            Ok(Written::Fenced(Fenced::from_rows(done.rows_affected())))
+            hex_field(out, "k", key.as_bytes());
+            out.push(',');
+            hex_field(out, "t", token.as_uuid().as_bytes());
+            let _ = write!(out, ",\"l\":{}", millis(*lease));
         }
     }
+    out.push('}');
 }

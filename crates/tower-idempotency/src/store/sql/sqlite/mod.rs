@@ -113,11 +113,14 @@ mod batch;
 pub(in crate::store) mod error;
 mod queries;
 
-use batch::{Write, Writes, Written};
+use batch::{Reads, Write, Writes, Written};
 use queries::Queries;
 
 /// The parameters and the claim row, as both SQL stores bind and read them.
 type Codec = sql::Codec<Sqlite>;
+
+/// Batches of reads in SQLite at once: reads in WAL mode do not block each other.
+const READ_PIPELINE: usize = 4;
 
 /// How many times `migrate` runs when another process applied the same migration meanwhile.
 const MIGRATE_ATTEMPTS: usize = 3;
@@ -148,6 +151,9 @@ struct Inner {
     queries: Arc<Queries>,
     /// Every write of the store, batched (see [Group commit](self#group-commit)).
     writes: Batcher<Writes>,
+    /// The reads that answer claims without a write, batched too (not in `batches`: those
+    /// count the writes).
+    reads: Batcher<Reads>,
     batches: Arc<Counters>,
     waiters: Arc<Waiters>,
     /// This process's writers, one at a time in arrival order (see the module docs).
@@ -219,6 +225,15 @@ impl SqliteStore {
         Self {
             inner: Arc::new(Inner {
                 writes: Batcher::new(runner, batching.pipeline(1), batches.clone()),
+                reads: Batcher::new(
+                    Reads {
+                        pool: pool.clone(),
+                        queries: queries.clone(),
+                    },
+                    // Readers do not wait on each other: as many batches as connections.
+                    batching.pipeline(batching.pipeline_depth().max(READ_PIPELINE)),
+                    Arc::default(),
+                ),
                 batches,
                 pool,
                 batching,
@@ -302,13 +317,9 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        let live = sqlx::query(self.inner.queries.live.clone())
-            .bind(claim.key.as_bytes().as_slice())
-            .bind(claim.fingerprint.as_bytes().as_slice())
-            .fetch_optional(&self.inner.pool)
-            .await?;
+        let live = self.inner.reads.submit(claim.clone()).await?;
         match live {
-            Some(row) => Codec::claim_outcome(&row),
+            Some(outcome) => Ok(outcome),
             None => match self
                 .inner
                 .writes

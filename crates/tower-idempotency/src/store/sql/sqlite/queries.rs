@@ -1,81 +1,100 @@
 //! The SQL of the SQLite store, one statement per operation. Parameters are numbered (`?1`),
 //! and the clock is SQLite's: `julianday('now')` in milliseconds since the Unix epoch.
 
-/// Read, without taking the write lock, a live record that cannot be claimed: another
+/// Read, without taking the write lock, the live records that cannot be claimed: another
 /// fingerprint, `done`, or `running` under a valid lease. Those states hold until the record
 /// expires, so replays, duplicates in flight and mismatches are answered by this read alone and
-/// never queue behind writers. Anything else goes to [`CLAIM`], which alone decides who runs.
-pub(super) const LIVE: &str = r#"
-SELECT CASE WHEN r.fingerprint <> ?2 THEN 'mismatch'
+/// never queue behind writers. Anything else goes to [`BATCH`], whose upsert alone decides who
+/// runs.
+///
+/// Many claims at once: `?1` is a JSON array of claims (`k`ey, `f`ingerprint, as hex); one row
+/// per claim answered, numbered `n` in the array.
+pub(super) const LIVE_MANY: &str = r#"
+SELECT j.key AS n,
+       CASE WHEN r.fingerprint <> unhex(j.value ->> 'f') THEN 'mismatch'
             WHEN r.state = 'done' THEN 'done'
             ELSE 'in_flight' END AS outcome,
        false AS taken_over,
        max(0, r.lease_until - clock.now) AS lease_remaining_ms,
        r.status, r.headers, r.body
-FROM idempotency_records AS r,
-     (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now) AS clock
-WHERE r.key = ?1
-  AND r.expires_at > clock.now
-  AND (r.fingerprint <> ?2 OR r.state = 'done' OR r.lease_until > clock.now)
+FROM json_each(?1) AS j
+JOIN idempotency_records AS r ON r.key = unhex(j.value ->> 'k')
+JOIN (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now) AS clock
+WHERE r.expires_at > clock.now
+  AND (r.fingerprint <> unhex(j.value ->> 'f') OR r.state = 'done' OR r.lease_until > clock.now)
 "#;
 
-/// Claim in one statement.
+/// A whole batch of writes (group commit) in one transaction, sent to SQLite's thread at once:
+/// the write lock is taken and released inside one hop, never held while the store's task waits.
 ///
-/// The clock is read once: `clock.now` becomes `excluded.created_at`, and SQLite returns the
-/// same `'now'` for every call within one step of a statement, which covers the `RETURNING`
-/// clause (all changes and returned values are produced in the first step).
+/// The one parameter, `?1`, is a JSON object with one array per kind of write (blobs as hex):
+/// `s` saves (`k`ey, `t`oken, `s`tatus, `h`eaders, `b`ody), `r` releases and `n` renewals
+/// (`k`, `t`, `l`ease ms), `c` claims (`k`, `f`ingerprint, `t`, `l`, `e`xpiry ms), at most one
+/// claim per key. One parameter, because sqlx binds a statement list's numbered parameters
+/// only while each statement's lower numbers are its own.
 ///
-/// `DO UPDATE` always writes, so that `RETURNING` always yields the record as it stands after
-/// the statement. Each column takes the claim's value when the record has expired (a fresh
-/// claim, any fingerprint), the token and lease take it when the record is running with a lapsed
-/// lease and the same fingerprint (a takeover, keeping `created_at` and `expires_at`), and
-/// otherwise every column keeps its value. The returned token equals ours exactly when we hold
-/// the key; `created_at <> now` tells a takeover from a fresh claim.
-///
-/// Atomic because it is one statement and SQLite runs one writer at a time: no other write can
-/// fall between the decision and the claim, or between the claim and the read of the outcome.
-/// The price of the single statement is that a claim that loses still rewrites its row; [`LIVE`]
-/// answers the common losing cases (replays, duplicates in flight, mismatches) first without a
-/// write, so this statement runs only for new, expired and lapsed records and the rare race.
-pub(super) const CLAIM: &str = r#"
+/// Saves, releases and renewals run first and return the `key` and `token` of every record
+/// they changed, so a claim of a key saved in the same batch is answered the saved
+/// response, as a claim arriving just after the save would be. The claims then run as
+/// [`LIVE_MANY`] does: `live` rows (numbered `n` in `c`) answer the records
+/// that cannot be claimed; the upsert claims the rest (the new, the expired, and the running
+/// ones whose lease lapsed with the same fingerprint) and returns their keys. Everything runs in
+/// one `BEGIN IMMEDIATE .. COMMIT`, one writer at a time, so no other write falls between the
+/// read and the upsert.
+pub(super) const BATCH: &str = r#"
+BEGIN IMMEDIATE;
+UPDATE idempotency_records AS r
+SET state = 'done', status = j.value ->> 's', headers = unhex(j.value ->> 'h'),
+    body = unhex(j.value ->> 'b')
+FROM json_each(?1, '$.s') AS j
+WHERE r.key = unhex(j.value ->> 'k') AND r.token = unhex(j.value ->> 't') AND r.state = 'running'
+RETURNING 'saved' AS kind, key, token;
+DELETE FROM idempotency_records
+WHERE state = 'running'
+  AND (key, token) IN (SELECT unhex(value ->> 'k'), unhex(value ->> 't') FROM json_each(?1, '$.r'))
+RETURNING 'released' AS kind, key, token;
+UPDATE idempotency_records AS r
+SET lease_until = CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)
+                  + (j.value ->> 'l')
+FROM json_each(?1, '$.n') AS j
+WHERE r.key = unhex(j.value ->> 'k') AND r.token = unhex(j.value ->> 't') AND r.state = 'running'
+RETURNING 'renewed' AS kind, key, token;
+SELECT 'live' AS kind, j.key AS n,
+       CASE WHEN r.fingerprint <> unhex(j.value ->> 'f') THEN 'mismatch'
+            WHEN r.state = 'done' THEN 'done'
+            ELSE 'in_flight' END AS outcome,
+       false AS taken_over,
+       max(0, r.lease_until - clock.now) AS lease_remaining_ms,
+       r.status, r.headers, r.body
+FROM json_each(?1, '$.c') AS j
+JOIN idempotency_records AS r ON r.key = unhex(j.value ->> 'k')
+JOIN (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now) AS clock
+WHERE r.expires_at > clock.now
+  AND (r.fingerprint <> unhex(j.value ->> 'f') OR r.state = 'done' OR r.lease_until > clock.now);
 INSERT INTO idempotency_records AS r
     (key, fingerprint, token, state, created_at, lease_until, expires_at)
-SELECT ?1, ?2, ?3, 'running', clock.now, clock.now + ?4, clock.now + ?5
-FROM (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now) AS clock
+SELECT unhex(j.value ->> 'k'), unhex(j.value ->> 'f'), unhex(j.value ->> 't'), 'running',
+       clock.now, clock.now + (j.value ->> 'l'), clock.now + (j.value ->> 'e')
+FROM json_each(?1, '$.c') AS j,
+     (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now) AS clock
 WHERE true
 ON CONFLICT (key) DO UPDATE SET
-    fingerprint = iif(r.expires_at <= excluded.created_at, excluded.fingerprint, r.fingerprint),
-    token       = iif(r.expires_at <= excluded.created_at
-                      OR (r.state = 'running' AND r.lease_until <= excluded.created_at
-                          AND r.fingerprint = excluded.fingerprint),
-                      excluded.token, r.token),
-    state       = iif(r.expires_at <= excluded.created_at, 'running', r.state),
-    status      = iif(r.expires_at <= excluded.created_at, NULL, r.status),
-    headers     = iif(r.expires_at <= excluded.created_at, NULL, r.headers),
-    body        = iif(r.expires_at <= excluded.created_at, NULL, r.body),
+    fingerprint = excluded.fingerprint,
+    token       = excluded.token,
+    state       = 'running',
+    status      = NULL,
+    headers     = NULL,
+    body        = NULL,
+    lease_until = excluded.lease_until,
     created_at  = iif(r.expires_at <= excluded.created_at, excluded.created_at, r.created_at),
-    lease_until = iif(r.expires_at <= excluded.created_at
-                      OR (r.state = 'running' AND r.lease_until <= excluded.created_at
-                          AND r.fingerprint = excluded.fingerprint),
-                      excluded.lease_until, r.lease_until),
     expires_at  = iif(r.expires_at <= excluded.created_at, excluded.expires_at, r.expires_at)
-RETURNING
-    CASE WHEN token = ?3 THEN 'claimed'
-         WHEN fingerprint <> ?2 THEN 'mismatch'
-         WHEN state = 'done' THEN 'done'
-         ELSE 'in_flight' END AS outcome,
+WHERE r.expires_at <= excluded.created_at
+   OR (r.state = 'running' AND r.lease_until <= excluded.created_at
+       AND r.fingerprint = excluded.fingerprint)
+RETURNING 'claimed' AS kind, key,
     created_at <> CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)
-        AS taken_over,
-    max(0, lease_until - CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER))
-        AS lease_remaining_ms,
-    status, headers, body
-"#;
-
-/// Extend the lease of the running record held with the token.
-pub(super) const RENEW: &str = r#"
-UPDATE idempotency_records
-SET lease_until = CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) + ?3
-WHERE key = ?1 AND token = ?2 AND state = 'running'
+        AS taken_over;
+COMMIT;
 "#;
 
 /// Save the response on the running record held with the token (its expiry unchanged).
@@ -138,9 +157,8 @@ FROM clock LEFT JOIN idempotency_records AS r ON 1
 statements! {
     /// The store's statements for its table.
     struct Queries {
-        live: LIVE,
-        claim: CLAIM,
-        renew: RENEW,
+        live_many: LIVE_MANY,
+        batch: BATCH,
         complete: COMPLETE,
         release: RELEASE,
         sweep: SWEEP,
