@@ -14,7 +14,8 @@
 # `-M simple`: they send several statements in one query string), the order rotating each round,
 # so a change in the machine's load falls on every script alike. Scripts named batch_*.sql run
 # once per batch size N of BATCH_SIZES (default "1 8 32 128"), with `-D batch=N`; each of their
-# transactions serves N requests. Prints tps (without the initial connection time) per round,
+# transactions serves N requests (batch_claims_and_saves.sql also needs -D prev=0, which every
+# run gets). Prints tps (without the initial connection time) per round,
 # then the mean, its ratio to the first script's, and for batch scripts the requests served per
 # second (tps x N: claim+save pairs per second).
 #
@@ -61,7 +62,7 @@ for ((round = 0; round < rounds; round++)); do
     read -r script batch <<<"$run"
     args=(-n -M prepared)
     case "$script" in simple_*) args=(-n -M simple) ;; esac
-    [ -z "$batch" ] || args+=(-D "batch=$batch")
+    [ -z "$batch" ] || args+=(-D "batch=$batch" -D prev=0)
     tps=$(pgbench "${args[@]}" -c "$clients" -j 2 -T "$seconds" -f "$script" "$db_url" 2>&1 |
       sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p' || true)
     if [ -z "$tps" ]; then
