@@ -50,8 +50,9 @@ use crate::store::{
 /// How a SQL store batches the operations of concurrent requests (group commit).
 ///
 /// The defaults were measured on a 2-core machine with PostgreSQL 15 and SQLite (see the
-/// project's benchmark results): batches of up to 128, two batches in the database at once, and
-/// a queue of 4,096 operations.
+/// project's benchmark results): batches of up to 128, one batch in the database at once (the
+/// next one gathers meanwhile, so batches grow with the load instead of splitting it), and a
+/// queue of 4,096 operations.
 ///
 /// ```
 /// use tower_idempotency::store::Batching;

@@ -29,19 +29,23 @@
 //!
 //! # Group commit
 //!
-//! Concurrent requests share statements and commits: claims wait in a bounded queue, and one
-//! `INSERT .. SELECT .. FROM unnest(..) ON CONFLICT .. RETURNING` claims everything that queued
-//! while the previous batches were in the database; saves, releases and renewals likewise share
-//! one `UPDATE .. FROM unnest(..)` or `DELETE .. USING unnest(..)`, each row checked against its
-//! own fencing token. There is no timer: a lone request finds an empty queue and runs at once.
+//! Concurrent requests share statements and commits: claims and saves wait in one bounded queue,
+//! and one statement runs everything that queued while the previous batch was in the database:
+//! the saves as an `UPDATE .. FROM unnest(..)`, each row checked against its own fencing token,
+//! and the claims as an `INSERT .. SELECT .. FROM unnest(..) ON CONFLICT .. RETURNING`, each
+//! request answered its own outcome; one commit for all of them. Releases and renewals likewise
+//! share one `DELETE .. USING unnest(..)` or `UPDATE .. FROM unnest(..)`. There is no timer: a
+//! lone request finds an empty queue and runs at once.
 //! [`Batching`] sets the largest batch, how many batches may be in the database at once and the
 //! queue's bound (a full queue answers [`StoreErrorKind::Full`], 503);
 //! [`PostgresStore::batch_stats`] tells how much was shared. The rules per entry are those of
-//! one statement per request, and two entries for one key never share a statement (see
-//! [`Batching`]'s module notes in the crate's design document). In single-commit mode the claim
-//! runs inside the handler's transaction, which no other request can share, so it is not
-//! batched; in transactional mode the claim is batched and the save stays in the handler's
-//! transaction.
+//! one statement per request, and two entries for one key never share a statement (a claim of a
+//! key saved in the same batch runs just after the save, and is answered the saved response;
+//! see the group-commit section of the project's design document). The batches run on
+//! connections of their own, with a generic plan forced and table scans off, so a plan made
+//! while the table was empty never scans it. In single-commit mode the claim runs inside the
+//! handler's transaction, which no other request can share, so it is not batched; in
+//! transactional mode the claim is batched and the save stays in the handler's transaction.
 //!
 //! # Migrations
 //!

@@ -49,13 +49,20 @@
 //!
 //! The writes of concurrent requests (claims, saves, releases, renewals) share one transaction:
 //! they wait in a bounded queue, and one `BEGIN IMMEDIATE .. COMMIT` runs everything that queued
-//! while the previous batch held the write lock, each entry's own statement in arrival order.
-//! One journal sync and one hold of the write lock serve the whole batch; a lone request finds an
-//! empty queue and runs at once. [`Batching`] sets the largest batch and the queue's bound (a
-//! full queue answers [`StoreErrorKind::Full`](crate::store::StoreErrorKind::Full), 503); SQLite has one writer, so batches never
-//! overlap whatever the pipeline setting. [`SqliteStore::batch_stats`] tells how much was shared.
-//! In transactional mode the claim is batched, and the handler's own transaction keeps its turn
-//! in the writer queue.
+//! while the previous batch held the write lock. The whole batch is one statement list, sent to
+//! the connection's thread in one hop (each kind's entries as a JSON array, read with
+//! `json_each`), so the write lock is taken and released inside that hop, never held while a task
+//! waits for the next statement. One journal sync and one hold of the write lock serve the whole
+//! batch; a lone request finds an empty queue and runs at once. The reads that answer replays,
+//! duplicates in flight and mismatches without the write lock are batched the same way, on any
+//! connection. [`Batching`] sets the largest batch and the queue's bound (a full queue answers
+//! [`StoreErrorKind::Full`](crate::store::StoreErrorKind::Full), 503); SQLite has one writer, so
+//! write batches never overlap whatever the pipeline setting. [`SqliteStore::batch_stats`] tells
+//! how much the writes shared. In transactional mode the claim is batched, and the handler's own
+//! transaction keeps its turn in the writer queue.
+//!
+//! The batch uses `json_each`, `->>` and `unhex`: SQLite 3.41 or newer, which the SQLite that
+//! sqlx bundles is.
 //!
 //! # Migrations
 //!
