@@ -47,6 +47,150 @@ macro_rules! statements {
     };
 }
 
+/// What every SQL store offers alike, written once: `with_table`, `table`, `pool`, `migrate`,
+/// `check_schema` and `Debug`; with `batching`, `with_batching` and `batch_stats` too; `reads`,
+/// inside `impl Store`, the operators' `get`, `forget` and `stats` as plain statements. The store
+/// keeps `pool`, `table` and `queries` in `inner` (with `batching` and `batches` when it batches),
+/// and has `fn build`, `fn rebuild(&self, TableName) -> Self` and a `MIGRATIONS` const.
+macro_rules! sql_store {
+    (
+        $store:ident in $module:ident on $pool:ident ($url:literal),
+        migrate: $safe:literal $(, batching: $shares:literal)?
+    ) => {
+        impl $store {
+            $(
+            #[doc = concat!("A store on `pool` whose ", $shares, " as `batching` says (see")]
+            /// [Group commit](self#group-commit)).
+            ///
+            /// ```no_run
+            #[doc = concat!("use tower_idempotency::store::{", stringify!($module), "::{sqlx::", stringify!($pool), ", ", stringify!($store), "}, Batching};")]
+            ///
+            /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+            #[doc = concat!("let pool = ", stringify!($pool), "::connect(\"", $url, "\").await?;")]
+            #[doc = concat!("let store = ", stringify!($store), "::with_batching(pool, Batching::default().max_batch(32));")]
+            /// # let _ = store;
+            /// # Ok(())
+            /// # }
+            /// ```
+            pub fn with_batching(pool: $pool, batching: $crate::store::sql::batch::Batching) -> Self {
+                Self::build(pool, batching, TableName::default())
+            }
+
+            /// How much the store's batches have shared so far.
+            pub fn batch_stats(&self) -> $crate::store::sql::batch::BatchStats {
+                self.inner.batches.snapshot()
+            }
+            )?
+
+            /// The same store on `table` instead of `idempotency_records`: its statements,
+            /// migrations and [`check_schema`](Self::check_schema) name it (see [`TableName`] for
+            /// what that means for `migrate` and your own migration tool). Nothing is sent to the
+            /// database.
+            ///
+            /// ```no_run
+            #[doc = concat!("use tower_idempotency::store::{", stringify!($module), "::{sqlx::", stringify!($pool), ", ", stringify!($store), "}, TableName};")]
+            ///
+            /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+            #[doc = concat!("let pool = ", stringify!($pool), "::connect(\"", $url, "\").await?;")]
+            #[doc = concat!("let store = ", stringify!($store), "::new(pool).with_table(TableName::new(\"idempotency_keys\")?);")]
+            /// store.migrate().await?;
+            /// # Ok(())
+            /// # }
+            /// ```
+            pub fn with_table(self, table: TableName) -> Self {
+                self.rebuild(table)
+            }
+
+            /// The table the store keeps its records in.
+            pub fn table(&self) -> &TableName {
+                &self.inner.table
+            }
+
+            /// The pool the store runs on.
+            pub fn pool(&self) -> &$pool {
+                &self.inner.pool
+            }
+
+            /// Create or upgrade the store's table (`idempotency_records` unless
+            /// [`with_table`](Self::with_table) names another).
+            ///
+            /// Applied versions are tracked in `_tower_idempotency_migrations` (another table's in
+            /// `{table}_migrations`), so this never touches the application's
+            #[doc = concat!("`_sqlx_migrations`. Safe to call on every start, from several processes at once: ", $safe, ".")]
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn run(store: tower_idempotency::store::", stringify!($module), "::", stringify!($store), ") {")]
+            /// store.migrate().await.expect("idempotency migrations");
+            /// # }
+            /// ```
+            pub async fn migrate(&self) -> Result<(), StoreError> {
+                let migrator = sql::migrator(&MIGRATIONS, &self.inner.table);
+                sql::migrate(&self.inner.pool, &migrator, MIGRATE_ATTEMPTS).await
+            }
+
+            /// Check, without changing anything, that the table this store writes exists with
+            /// every column this version uses: for startup, when the schema is applied by your
+            #[doc = concat!("own migration tool (the SQL is in the repository's `migrations/", stringify!($module), "/`)")]
+            /// instead of [`migrate`](Self::migrate).
+            ///
+            /// Fails with [`StoreErrorKind::Migration`](crate::store::StoreErrorKind::Migration)
+            /// and a message naming the migrations to apply when the table is missing or older
+            /// than this version.
+            ///
+            /// ```no_run
+            #[doc = concat!("# async fn run(store: tower_idempotency::store::", stringify!($module), "::", stringify!($store), ") {")]
+            /// store.check_schema().await.expect("idempotency schema current");
+            /// # }
+            /// ```
+            pub async fn check_schema(&self) -> Result<(), StoreError> {
+                let check = self.inner.queries.check_schema.clone();
+                sql::check_schema(&self.inner.pool, check, &self.inner.table, &MIGRATIONS).await
+            }
+        }
+
+        impl std::fmt::Debug for $store {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($store))
+                    .field("pool", &self.inner.pool)
+                    .finish_non_exhaustive()
+            }
+        }
+    };
+    (reads) => {
+        async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
+            let get = self.inner.queries.get.clone();
+            Codec::get(self.inner.pool.clone(), get, *key).await
+        }
+
+        async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
+            let forget = self.inner.queries.forget.clone();
+            Codec::forget(self.inner.pool.clone(), forget, *key).await
+        }
+
+        async fn stats(&self) -> Result<StoreStats, StoreError> {
+            let stats = self.inner.queries.stats.clone();
+            let row = sqlx::query_as(stats).fetch_one(&self.inner.pool).await?;
+            sql::stats_of(row)
+        }
+    };
+}
+
+/// A store's embedded migrations, from the repository's `migrations/<folder>/`:
+/// `migrations!("Store", "folder", [1 => "0001_name.sql", ..])`.
+macro_rules! migrations {
+    ($store:literal, $folder:literal, [$($version:literal => $file:literal),* $(,)?]) => {
+        $crate::store::sql::Migrations {
+            store: $store,
+            folder: $folder,
+            files: &[$((
+                $version,
+                $file,
+                include_str!(concat!("../../../../migrations/", $folder, "/", $file)),
+            )),*],
+        }
+    };
+}
+
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) mod batch;
 mod error;

@@ -88,7 +88,7 @@
 //! [`Store::sweep`] from your own scheduler); each sweep is one `DELETE .. LIMIT`. An expired
 //! row is already treated as absent by `claim`, so sweeping is about space, not correctness.
 
-use std::{fmt, future::Future, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use sqlx::mysql::{MySql, MySqlPool};
 use tokio::time::Instant;
@@ -179,29 +179,6 @@ impl MySqlStore {
         Self::build(pool, TableName::default())
     }
 
-    /// The same store on `table` instead of `idempotency_records`: its statements, migrations
-    /// and [`check_schema`](Self::check_schema) name it (see [`TableName`] for what that means
-    /// for `migrate` and your own migration tool). Nothing is sent to the database.
-    ///
-    /// ```no_run
-    /// use tower_idempotency::store::{mysql::{sqlx::MySqlPool, MySqlStore}, TableName};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = MySqlPool::connect("mysql://root@localhost/app").await?;
-    /// let store = MySqlStore::new(pool).with_table(TableName::new("idempotency_keys")?);
-    /// store.migrate().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn with_table(self, table: TableName) -> Self {
-        Self::build(self.inner.pool.clone(), table)
-    }
-
-    /// The table the store keeps its records in.
-    pub fn table(&self) -> &TableName {
-        &self.inner.table
-    }
-
     fn build(pool: MySqlPool, table: TableName) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -213,62 +190,22 @@ impl MySqlStore {
         }
     }
 
-    /// The pool the store runs on.
-    pub fn pool(&self) -> &MySqlPool {
-        &self.inner.pool
-    }
-
-    /// Create or upgrade the store's table (`idempotency_records` unless
-    /// [`with_table`](Self::with_table) names another).
-    ///
-    /// Applied versions are tracked in `_tower_idempotency_migrations` (another table's in
-    /// `{table}_migrations`), so this never touches
-    /// the application's `_sqlx_migrations`. Safe to call on every start, from several processes
-    /// at once: sqlx serialises them with a named lock (`GET_LOCK`).
-    ///
-    /// ```no_run
-    /// # async fn run(store: tower_idempotency::store::mysql::MySqlStore) {
-    /// store.migrate().await.expect("idempotency migrations");
-    /// # }
-    /// ```
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        let migrator = sql::migrator(&MIGRATIONS, &self.inner.table);
-        sql::migrate(&self.inner.pool, &migrator, 1).await
-    }
-
-    /// Check, without changing anything, that `idempotency_records` exists with every column
-    /// this version uses: for applications that apply `migrations/mysql/` with their own tool
-    /// and want a clear error at startup rather than at the first request.
-    ///
-    /// ```no_run
-    /// # async fn run(store: tower_idempotency::store::mysql::MySqlStore) {
-    /// store.check_schema().await.expect("idempotency schema current");
-    /// # }
-    /// ```
-    pub async fn check_schema(&self) -> Result<(), StoreError> {
-        let check = self.inner.queries.check_schema.clone();
-        sql::check_schema(&self.inner.pool, check, &self.inner.table, &MIGRATIONS).await
+    fn rebuild(&self, table: TableName) -> Self {
+        Self::build(self.inner.pool.clone(), table)
     }
 }
+
+sql_store!(
+    MySqlStore in mysql on MySqlPool ("mysql://root@localhost/app"),
+    migrate: "sqlx serialises them with a named lock (`GET_LOCK`)"
+);
 
 /// The embedded migrations, written for `idempotency_records`.
-const MIGRATIONS: sql::Migrations = sql::Migrations {
-    store: "MySqlStore",
-    folder: "mysql",
-    files: &[(
-        1,
-        "0001_idempotency_records.sql",
-        include_str!("../../../../migrations/mysql/0001_idempotency_records.sql"),
-    )],
-};
+const MIGRATIONS: sql::Migrations =
+    migrations!("MySqlStore", "mysql", [1 => "0001_idempotency_records.sql"]);
 
-impl fmt::Debug for MySqlStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MySqlStore")
-            .field("pool", &self.inner.pool)
-            .finish_non_exhaustive()
-    }
-}
+/// `migrate` runs once: sqlx's named lock keeps concurrent runs apart.
+const MIGRATE_ATTEMPTS: usize = 1;
 
 impl Store for MySqlStore {
     fn name(&self) -> &'static str {

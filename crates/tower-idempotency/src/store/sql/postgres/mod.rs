@@ -88,7 +88,6 @@
 //! `claim`, so sweeping is about space, not correctness.
 
 use std::{
-    fmt,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -107,7 +106,7 @@ use crate::{
         },
         sql::{
             self,
-            batch::{BatchStats, Batcher, Batching, Counters},
+            batch::{Batcher, Batching, Counters},
             TableName, Waiters,
         },
         Store, TransactionalStore,
@@ -175,41 +174,6 @@ impl PostgresStore {
         Self::with_batching(pool, Batching::default())
     }
 
-    /// A store on `pool` whose concurrent claims, saves, releases and renewals share statements
-    /// as `batching` says (see [Group commit](self#group-commit)).
-    ///
-    /// ```no_run
-    /// use tower_idempotency::store::{postgres::{sqlx::PgPool, PostgresStore}, Batching};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = PgPool::connect("postgres://postgres@localhost/app").await?;
-    /// let store = PostgresStore::with_batching(pool, Batching::default().max_batch(64));
-    /// # let _ = store;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn with_batching(pool: PgPool, batching: Batching) -> Self {
-        Self::build(pool, batching, TableName::default())
-    }
-
-    /// The same store on `table` instead of `idempotency_records`: its statements, migrations
-    /// and [`check_schema`](Self::check_schema) name it (see [`TableName`] for what that means
-    /// for `migrate` and your own migration tool). Nothing is sent to the database.
-    ///
-    /// ```no_run
-    /// use tower_idempotency::store::{postgres::{sqlx::PgPool, PostgresStore}, TableName};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = PgPool::connect("postgres://postgres@localhost/app").await?;
-    /// let store = PostgresStore::new(pool).with_table(TableName::new("billing.idempotency")?);
-    /// store.migrate().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn with_table(self, table: TableName) -> Self {
-        Self::build(self.inner.pool.clone(), self.inner.batching, table)
-    }
-
     fn build(pool: PgPool, batching: Batching, table: TableName) -> Self {
         let batches = Arc::new(Counters::default());
         let batch_pool = batch_pool(&pool, batching);
@@ -239,21 +203,6 @@ impl PostgresStore {
         }
     }
 
-    /// The table the store keeps its records in.
-    pub fn table(&self) -> &TableName {
-        &self.inner.table
-    }
-
-    /// The pool the store runs on.
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
-    }
-
-    /// How much the store's batches have shared so far.
-    pub fn batch_stats(&self) -> BatchStats {
-        self.inner.batches.snapshot()
-    }
-
     /// Close the connections the store's batches run on, for a clean shutdown: they are the
     /// store's own, beside the pool it was given, which stays yours to close. Operations after
     /// this that need a batch (claims, saves, releases, renewals) fail as
@@ -269,41 +218,16 @@ impl PostgresStore {
         self.inner.batch_pool.close().await;
     }
 
-    /// Create or upgrade the store's table (`idempotency_records` unless
-    /// [`with_table`](Self::with_table) names another).
-    ///
-    /// Applied versions are tracked in `_tower_idempotency_migrations` (another table's in
-    /// `{table}_migrations`), so this never touches
-    /// the application's `_sqlx_migrations`. Safe to call on every start, from several processes
-    /// at once: sqlx serialises them with an advisory lock.
-    ///
-    /// ```no_run
-    /// # async fn run(store: tower_idempotency::store::postgres::PostgresStore) {
-    /// store.migrate().await.expect("idempotency migrations");
-    /// # }
-    /// ```
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        let migrator = sql::migrator(&MIGRATIONS, &self.inner.table);
-        sql::migrate(&self.inner.pool, &migrator, 1).await
-    }
-
-    /// Check, without changing anything, that the table this store writes exists with every
-    /// column this version uses: for startup, when the schema is applied by your own migration
-    /// tool (the SQL is in the repository's `migrations/postgres/`) instead of [`migrate`](Self::migrate).
-    ///
-    /// Fails with [`StoreErrorKind::Migration`] and a message naming the migrations to apply
-    /// when the table is missing or older than this version.
-    ///
-    /// ```no_run
-    /// # async fn run(store: tower_idempotency::store::postgres::PostgresStore) {
-    /// store.check_schema().await.expect("idempotency schema current");
-    /// # }
-    /// ```
-    pub async fn check_schema(&self) -> Result<(), StoreError> {
-        let check = self.inner.queries.check_schema.clone();
-        sql::check_schema(&self.inner.pool, check, &self.inner.table, &MIGRATIONS).await
+    fn rebuild(&self, table: TableName) -> Self {
+        Self::build(self.inner.pool.clone(), self.inner.batching, table)
     }
 }
+
+sql_store!(
+    PostgresStore in postgres on PgPool ("postgres://postgres@localhost/app"),
+    migrate: "sqlx serialises them with an advisory lock",
+    batching: "concurrent claims, saves, releases and renewals share statements"
+);
 
 /// The connections the batches run on: the pool's own options, outside the pool, so batches
 /// never wait behind the application's queries for a connection, with generic plans forced and
@@ -334,30 +258,14 @@ fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
 }
 
 /// The embedded migrations, written for `idempotency_records`.
-const MIGRATIONS: sql::Migrations = sql::Migrations {
-    store: "PostgresStore",
-    folder: "postgres",
-    files: &[
-        (
-            1,
-            "0001_idempotency_records.sql",
-            include_str!("../../../../migrations/postgres/0001_idempotency_records.sql"),
-        ),
-        (
-            2,
-            "0002_watched.sql",
-            include_str!("../../../../migrations/postgres/0002_watched.sql"),
-        ),
-    ],
-};
+const MIGRATIONS: sql::Migrations = migrations!(
+    "PostgresStore",
+    "postgres",
+    [1 => "0001_idempotency_records.sql", 2 => "0002_watched.sql"]
+);
 
-impl fmt::Debug for PostgresStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresStore")
-            .field("pool", &self.inner.pool)
-            .finish_non_exhaustive()
-    }
-}
+/// `migrate` runs once: sqlx's advisory lock keeps concurrent runs apart.
+const MIGRATE_ATTEMPTS: usize = 1;
 
 impl Store for PostgresStore {
     fn name(&self) -> &'static str {
@@ -439,21 +347,7 @@ impl Store for PostgresStore {
         sql::wait_for_change(&self.inner.waiters, key, deadline, watch).await;
     }
 
-    async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
-        let get = self.inner.queries.get.clone();
-        Codec::get(self.inner.pool.clone(), get, *key).await
-    }
-
-    async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
-        let forget = self.inner.queries.forget.clone();
-        Codec::forget(self.inner.pool.clone(), forget, *key).await
-    }
-
-    async fn stats(&self) -> Result<StoreStats, StoreError> {
-        let stats = self.inner.queries.stats.clone();
-        let row = sqlx::query_as(stats).fetch_one(&self.inner.pool).await?;
-        sql::stats_of(row)
-    }
+    sql_store!(reads);
 }
 
 impl TransactionalStore for PostgresStore {

@@ -93,7 +93,7 @@
 //! [`Store::sweep`] from your own scheduler). An expired row is already treated as absent by
 //! `claim`, so sweeping is about space, not correctness.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use sqlx::sqlite::{Sqlite, SqlitePool};
 use tokio::{sync::Mutex, time::Instant};
@@ -109,7 +109,7 @@ use crate::{
         },
         sql::{
             self,
-            batch::{BatchStats, Batcher, Batching, Counters},
+            batch::{Batcher, Batching, Counters},
             TableName, Waiters,
         },
         Store, TransactionalStore,
@@ -174,46 +174,6 @@ impl SqliteStore {
         Self::with_batching(pool, Batching::default())
     }
 
-    /// A store on `pool` whose concurrent writes share transactions as `batching` says (see
-    /// [Group commit](self#group-commit)).
-    ///
-    /// ```no_run
-    /// use tower_idempotency::store::{sqlite::{sqlx::SqlitePool, SqliteStore}, Batching};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = SqlitePool::connect("sqlite://app.db?mode=rwc").await?;
-    /// let store = SqliteStore::with_batching(pool, Batching::default().max_batch(32));
-    /// # let _ = store;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn with_batching(pool: SqlitePool, batching: Batching) -> Self {
-        Self::build(pool, batching, TableName::default())
-    }
-
-    /// The same store on `table` instead of `idempotency_records`: its statements, migrations
-    /// and [`check_schema`](Self::check_schema) name it (see [`TableName`] for what that means
-    /// for `migrate` and your own migration tool). Nothing is sent to the database.
-    ///
-    /// ```no_run
-    /// use tower_idempotency::store::{sqlite::{sqlx::SqlitePool, SqliteStore}, TableName};
-    ///
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = SqlitePool::connect("sqlite://app.db?mode=rwc").await?;
-    /// let store = SqliteStore::new(pool).with_table(TableName::new("idempotency_keys")?);
-    /// store.migrate().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn with_table(self, table: TableName) -> Self {
-        Self::build(self.inner.pool.clone(), self.inner.batching, table)
-    }
-
-    /// The table the store keeps its records in.
-    pub fn table(&self) -> &TableName {
-        &self.inner.table
-    }
-
     fn build(pool: SqlitePool, batching: Batching, table: TableName) -> Self {
         let queries = Arc::new(Queries::new(&table));
         let waiters: Arc<Waiters> = Arc::default();
@@ -252,71 +212,20 @@ impl SqliteStore {
         }
     }
 
-    /// How much the store's batches have shared so far.
-    pub fn batch_stats(&self) -> BatchStats {
-        self.inner.batches.snapshot()
-    }
-
-    /// The pool the store runs on.
-    pub fn pool(&self) -> &SqlitePool {
-        &self.inner.pool
-    }
-
-    /// Create or upgrade the store's table (`idempotency_records` unless
-    /// [`with_table`](Self::with_table) names another).
-    ///
-    /// Applied versions are tracked in `_tower_idempotency_migrations` (another table's in
-    /// `{table}_migrations`), so this never touches
-    /// the application's `_sqlx_migrations`. Safe to call on every start, from several processes
-    /// at once: the schema is created with `IF NOT EXISTS`, and a run that loses the race to
-    /// record a version runs again and finds it applied.
-    ///
-    /// ```no_run
-    /// # async fn run(store: tower_idempotency::store::sqlite::SqliteStore) {
-    /// store.migrate().await.expect("idempotency migrations");
-    /// # }
-    /// ```
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        let migrator = sql::migrator(&MIGRATIONS, &self.inner.table);
-        sql::migrate(&self.inner.pool, &migrator, MIGRATE_ATTEMPTS).await
-    }
-
-    /// Check, without changing anything, that the table this store writes exists with every
-    /// column this version uses: for startup, when the schema is applied by your own migration
-    /// tool (the SQL is in the repository's `migrations/sqlite/`) instead of [`migrate`](Self::migrate).
-    ///
-    /// Fails with [`StoreErrorKind::Migration`](crate::store::StoreErrorKind::Migration) and a message naming the migrations to apply
-    /// when the table is missing or older than this version.
-    ///
-    /// ```no_run
-    /// # async fn run(store: tower_idempotency::store::sqlite::SqliteStore) {
-    /// store.check_schema().await.expect("idempotency schema current");
-    /// # }
-    /// ```
-    pub async fn check_schema(&self) -> Result<(), StoreError> {
-        let check = self.inner.queries.check_schema.clone();
-        sql::check_schema(&self.inner.pool, check, &self.inner.table, &MIGRATIONS).await
+    fn rebuild(&self, table: TableName) -> Self {
+        Self::build(self.inner.pool.clone(), self.inner.batching, table)
     }
 }
+
+sql_store!(
+    SqliteStore in sqlite on SqlitePool ("sqlite://app.db?mode=rwc"),
+    migrate: "the schema is created with `IF NOT EXISTS`, and a run that loses the race to record a version runs again and finds it applied",
+    batching: "concurrent writes share transactions"
+);
 
 /// The embedded migrations, written for `idempotency_records`.
-const MIGRATIONS: sql::Migrations = sql::Migrations {
-    store: "SqliteStore",
-    folder: "sqlite",
-    files: &[(
-        1,
-        "0001_idempotency_records.sql",
-        include_str!("../../../../migrations/sqlite/0001_idempotency_records.sql"),
-    )],
-};
-
-impl fmt::Debug for SqliteStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqliteStore")
-            .field("pool", &self.inner.pool)
-            .finish_non_exhaustive()
-    }
-}
+const MIGRATIONS: sql::Migrations =
+    migrations!("SqliteStore", "sqlite", [1 => "0001_idempotency_records.sql"]);
 
 impl Store for SqliteStore {
     fn name(&self) -> &'static str {
@@ -388,21 +297,7 @@ impl Store for SqliteStore {
         sql::wait_for_change(&self.inner.waiters, key, deadline, async { true }).await;
     }
 
-    async fn get(&self, key: &KeyHash) -> Result<Option<RecordInfo>, StoreError> {
-        let get = self.inner.queries.get.clone();
-        Codec::get(self.inner.pool.clone(), get, *key).await
-    }
-
-    async fn forget(&self, key: &KeyHash) -> Result<bool, StoreError> {
-        let forget = self.inner.queries.forget.clone();
-        Codec::forget(self.inner.pool.clone(), forget, *key).await
-    }
-
-    async fn stats(&self) -> Result<StoreStats, StoreError> {
-        let stats = self.inner.queries.stats.clone();
-        let row = sqlx::query_as(stats).fetch_one(&self.inner.pool).await?;
-        sql::stats_of(row)
-    }
+    sql_store!(reads);
 }
 
 impl TransactionalStore for SqliteStore {
