@@ -29,7 +29,7 @@
 //! ```
 //!
 //! On SQLite, begin that transaction with `pool.begin_with("BEGIN IMMEDIATE")` (see
-//! [`sqlite`]). [`Consumer::process_once`] does all of this,
+//! [`sqlite`]). [`Consumer::process_once`](crate::Consumer::process_once) does all of this,
 //! and counts failures, for you.
 //!
 //! # Attempts and parking
@@ -75,7 +75,53 @@ use sqlx::{
     SqlSafeStr, Transaction, Type,
 };
 
-use crate::{Consumer, Error, Outcome};
+use crate::{Error, Outcome};
+
+/// [`SqlBackend`] and [`Consumer`](crate::Consumer) for one database, whose SQL is `$dialect`. `Consumer` is
+/// implemented for each database's [`SqlConsumer`], where the driver's bounds are known to hold,
+/// so they are written once, on [`SqlConsumer`]'s own methods.
+macro_rules! sql_backend {
+    ($db:ty, $dialect:expr) => {
+        impl super::sealed::Sealed for $db {}
+
+        impl super::SqlBackend for $db {
+            fn dialect() -> &'static super::Dialect {
+                $dialect
+            }
+
+            fn rows_affected(result: &<$db as sqlx::Database>::QueryResult) -> u64 {
+                result.rows_affected()
+            }
+        }
+
+        impl $crate::Consumer for super::SqlConsumer<$db> {
+            /// The connection of the transaction that holds the processed mark: everything the
+            /// work executes on it commits with the mark or not at all.
+            type Context = <$db as sqlx::Database>::Connection;
+
+            fn name(&self) -> &str {
+                &self.name
+            }
+
+            async fn process_once_with_payload<T, E, F>(
+                &self,
+                event_id: &str,
+                payload: Option<&[u8]>,
+                work: F,
+            ) -> Result<$crate::Outcome<T>, $crate::Error<E>>
+            where
+                T: Send,
+                E: std::fmt::Display + Send,
+                F: for<'c> FnOnce(
+                        &'c mut Self::Context,
+                    ) -> futures_util::future::BoxFuture<'c, Result<T, E>>
+                    + Send,
+            {
+                self.run_once(event_id, payload, work).await
+            }
+        }
+    };
+}
 
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -224,7 +270,7 @@ pub struct ParkedEvent {
     /// The last failure's error text.
     pub last_error: Option<String>,
     /// The event's body, if the consumer passed it to
-    /// [`Consumer::process_once_with_payload`].
+    /// [`Consumer::process_once_with_payload`](crate::Consumer::process_once_with_payload).
     pub payload: Option<Vec<u8>>,
     /// When it was parked, in milliseconds since the Unix epoch, by the database's clock.
     pub parked_at_ms: i64,
@@ -449,7 +495,7 @@ where
         Ok(recorded.map(|(status, attempts)| (status == "parked", count(attempts))))
     }
 
-    /// [`Consumer::process_once_with_payload`], as a plain method of this type.
+    /// [`Consumer::process_once_with_payload`](crate::Consumer::process_once_with_payload), as a plain method of this type.
     async fn run_once<T, E, F>(
         &self,
         event_id: &str,
@@ -554,42 +600,6 @@ where
                 return Ok(total);
             }
         }
-    }
-}
-
-impl<DB> Consumer for SqlConsumer<DB>
-where
-    DB: SqlBackend,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    DB::Arguments: IntoArguments<DB>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-    for<'q> Option<&'q [u8]>: Encode<'q, DB> + Type<DB>,
-    for<'r> i64: Encode<'r, DB> + Decode<'r, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<String>: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<Vec<u8>>: Decode<'r, DB> + Type<DB>,
-    usize: ColumnIndex<DB::Row>,
-{
-    /// The connection of the transaction that holds the processed mark: everything the work
-    /// executes on it commits with the mark or not at all.
-    type Context = DB::Connection;
-
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn process_once_with_payload<T, E, F>(
-        &self,
-        event_id: &str,
-        payload: Option<&[u8]>,
-        work: F,
-    ) -> Result<Outcome<T>, Error<E>>
-    where
-        T: Send,
-        E: fmt::Display + Send,
-        F: for<'c> FnOnce(&'c mut Self::Context) -> BoxFuture<'c, Result<T, E>> + Send,
-    {
-        self.run_once(event_id, payload, work).await
     }
 }
 

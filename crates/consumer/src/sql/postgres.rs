@@ -55,19 +55,9 @@
 
 use sqlx::Postgres;
 
-use super::{sealed::Sealed, Dialect, SqlBackend};
+use super::Dialect;
 
-impl Sealed for Postgres {}
-
-impl SqlBackend for Postgres {
-    fn dialect() -> &'static Dialect {
-        &DIALECT
-    }
-
-    fn rows_affected(result: &sqlx::postgres::PgQueryResult) -> u64 {
-        result.rows_affected()
-    }
-}
+sql_backend!(Postgres, &DIALECT);
 
 static DIALECT: Dialect = Dialect {
     begin: "BEGIN",

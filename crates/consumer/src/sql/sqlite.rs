@@ -55,19 +55,9 @@
 
 use sqlx::Sqlite;
 
-use super::{sealed::Sealed, Dialect, SqlBackend};
+use super::Dialect;
 
-impl Sealed for Sqlite {}
-
-impl SqlBackend for Sqlite {
-    fn dialect() -> &'static Dialect {
-        &DIALECT
-    }
-
-    fn rows_affected(result: &sqlx::sqlite::SqliteQueryResult) -> u64 {
-        result.rows_affected()
-    }
-}
+sql_backend!(Sqlite, &DIALECT);
 
 /// SQLite's clock in milliseconds since the Unix epoch.
 macro_rules! now_ms {
