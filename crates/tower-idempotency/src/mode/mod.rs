@@ -42,6 +42,18 @@ pub enum SaveFailure<'a> {
     Failed(&'a StoreError),
 }
 
+/// The answer a claimed run saves, as [`Mode::save_with_work`] gets it: the store, the key held
+/// with `token`, the response, and the bound on each store call.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Save<'a, St> {
+    pub store: &'a St,
+    pub key: &'a KeyHash,
+    pub token: FencingToken,
+    pub response: &'a StoredResponse,
+    pub limit: Duration,
+}
+
 /// The mode of an [`Idempotency`](crate::Idempotency) layer. Sealed: the modes are [`Standard`],
 /// `Transactional` (SQL stores) and `SingleCommit` (PostgreSQL).
 pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
@@ -80,20 +92,16 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
         claimed: Option<Self::RunState>,
     ) -> Self::RunState;
 
-    /// Save the handler's response in the transaction of its work, checked against `token`,
-    /// and commit the two together; each store call is bounded by `limit`. `None` when there is
-    /// no work to save it with (standard mode, or a handler that never began its transaction):
-    /// the run then saves the response on its own.
+    /// Save the handler's response in the transaction of its work, checked against the token,
+    /// and commit the two together; each store call is bounded by the save's `limit`. `None`
+    /// when there is no work to save it with (standard mode, or a handler that never began its
+    /// transaction): the run then saves the response on its own.
     #[doc(hidden)]
     fn save_with_work(
-        store: &St,
         run: Self::RunState,
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-        limit: Duration,
+        save: Save<'_, St>,
     ) -> impl Future<Output = Option<Result<Fenced, StoreError>>> + Send {
-        let _ = (store, run, key, token, response, limit);
+        let _ = (run, save);
         std::future::ready(None)
     }
 

@@ -62,16 +62,13 @@ use sqlx::Postgres;
 
 use super::{
     transactional::{IdempotencyTransaction, Transactional},
-    Mode, SaveFailure, Sealed,
+    Mode, Save, SaveFailure, Sealed,
 };
 use crate::{
     config::WAIT_POLL_INTERVAL,
     error::Rejection,
     key::KeyHash,
-    store::{
-        postgres::PostgresStore, Claim, ClaimOutcome, Fenced, FencingToken, StoreError,
-        StoredResponse, TransactionalStore,
-    },
+    store::{postgres::PostgresStore, Claim, ClaimOutcome, Fenced, StoreError, TransactionalStore},
 };
 
 /// The mode of a layer built with [`Idempotency::transactional_single_commit`](crate::Idempotency::transactional_single_commit).
@@ -127,17 +124,10 @@ impl Mode<PostgresStore> for SingleCommit {
     }
 
     async fn save_with_work(
-        store: &PostgresStore,
         run: Self::RunState,
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-        limit: Duration,
+        save: Save<'_, PostgresStore>,
     ) -> Option<Result<Fenced, StoreError>> {
-        <Transactional as Mode<PostgresStore>>::save_with_work(
-            store, run, key, token, response, limit,
-        )
-        .await
+        <Transactional as Mode<PostgresStore>>::save_with_work(run, save).await
     }
 
     async fn abandon(run: Self::RunState, limit: Duration) {

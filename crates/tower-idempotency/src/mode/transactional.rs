@@ -47,11 +47,10 @@ use std::{fmt, sync::Arc, time::Duration};
 use http::Extensions;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use super::{Mode, SaveFailure, Sealed};
+use super::{Mode, Save, SaveFailure, Sealed};
 use crate::{
     error::Rejection,
-    key::KeyHash,
-    store::{Fenced, FencingToken, StoreError, StoredResponse, TransactionalStore},
+    store::{Fenced, StoreError, TransactionalStore},
     timeout::bounded,
 };
 
@@ -209,16 +208,12 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
     }
 
     async fn save_with_work(
-        store: &St,
         run: Self::RunState,
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-        limit: Duration,
+        save: Save<'_, St>,
     ) -> Option<Result<Fenced, StoreError>> {
         // `None`: the handler never began the transaction, so there is no work to commit with.
         let (tx, _writer) = run.take().await?;
-        Some(save_and_commit(store, tx, key, token, response, limit).await)
+        Some(save_and_commit(tx, save).await)
     }
 
     async fn abandon(run: Self::RunState, limit: Duration) {
@@ -239,16 +234,19 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
     }
 }
 
-/// Save the response in the handler's transaction, checked against `token`, then commit; a
+/// Save the response in the handler's transaction, checked against the token, then commit; a
 /// record taken over in the meantime rolls the work back instead.
 async fn save_and_commit<St: TransactionalStore>(
-    store: &St,
     mut tx: sqlx::Transaction<'static, St::Database>,
-    key: &KeyHash,
-    token: FencingToken,
-    response: &StoredResponse,
-    limit: Duration,
+    save: Save<'_, St>,
 ) -> Result<Fenced, StoreError> {
+    let Save {
+        store,
+        key,
+        token,
+        response,
+        limit,
+    } = save;
     // A timeout drops the transaction, which rolls it back unless the COMMIT already landed:
     // either way the work and the saved answer stay together.
     let saved = bounded(

@@ -10,7 +10,7 @@ use super::{refuse::reject, run::Lease};
 use crate::{
     body::ResponseBody,
     error::Rejection,
-    mode::{Mode, SaveFailure},
+    mode::{Mode, Save, SaveFailure},
     not_processed::NotProcessed,
     observe::{self, Outcome},
     record,
@@ -108,12 +108,14 @@ impl<St: Store> Lease<St> {
         let limit = self.config.store_timeout;
         let save = async {
             let with_work = M::save_with_work(
-                &self.store,
                 run_state,
-                &self.key,
-                self.token,
-                &response,
-                limit,
+                Save {
+                    store: &self.store,
+                    key: &self.key,
+                    token: self.token,
+                    response: &response,
+                    limit,
+                },
             );
             match with_work.await {
                 Some(committed) => committed,
