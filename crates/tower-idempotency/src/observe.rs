@@ -186,6 +186,9 @@ pub(crate) struct RequestRecord {
     span: tracing::Span,
     outcome: OnceLock<Outcome>,
     route: Route,
+    /// Set when the claimed run begins: the runtime its flow is handed to if the response future
+    /// is dropped.
+    runtime: OnceLock<tokio::runtime::Handle>,
 }
 
 impl RequestRecord {
@@ -204,6 +207,7 @@ impl RequestRecord {
             span,
             outcome: OnceLock::new(),
             route,
+            runtime: OnceLock::new(),
         })
     }
 
@@ -214,6 +218,16 @@ impl RequestRecord {
     /// The matched route, as in the span.
     pub(crate) fn route(&self) -> &str {
         self.route.as_str()
+    }
+
+    /// The claimed run begins: from now on a dropped response future finishes it on this runtime.
+    pub(crate) fn finish_on_drop(&self) {
+        let _ = self.runtime.set(tokio::runtime::Handle::current());
+    }
+
+    /// The runtime a dropped response future hands its claimed run to, once the run has begun.
+    pub(crate) fn runtime(&self) -> Option<&tokio::runtime::Handle> {
+        self.runtime.get()
     }
 
     pub(crate) fn key(&self, key: &KeyHash) {

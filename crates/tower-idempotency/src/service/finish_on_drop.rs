@@ -1,68 +1,48 @@
-//! [`FinishOnDrop`]: a future that, dropped before it completes, finishes on the runtime.
+//! A claimed run finishes even when its client goes away: the response future of a covered
+//! request, dropped while its claimed run is under way, hands the rest of its flow to the
+//! runtime, so the handler runs to the end and its answer is recorded.
+//!
+//! The flow is one boxed future, and this is what it carries for that: not a second box around
+//! the run (a large allocation and a copy of the run's state on every claimed request).
 
-use std::{
-    future::Future,
-    panic::AssertUnwindSafe,
-    pin::Pin,
-    task::{Context, Poll},
-};
+use std::{future::Future, pin::Pin, sync::Arc};
 
-/// Polls a claimed run in place, and if dropped before it completes (the client went away), spawns
-/// the rest of it on the runtime so the work is finished and recorded.
-///
-/// Cheaper than spawning every attempt up front: no cross-thread hand-off on the common path.
-pub(super) struct FinishOnDrop<F: Future + Send + 'static>
-where
-    F::Output: Send + 'static,
-{
-    future: Option<Pin<Box<F>>>,
-    runtime: tokio::runtime::Handle,
+use tokio::runtime::Handle;
+
+use crate::observe::RequestRecord;
+
+/// A boxed flow, as the response future holds it.
+pub(super) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What the response future of a covered request needs to finish its claimed run after a drop.
+pub(super) struct FinishOnDrop<T> {
+    /// The request's record: it holds the runtime once the claimed run has begun.
+    pub(super) record: Arc<RequestRecord>,
+    /// Spawns the rest of the flow. A function made where the output is known to be `Send +
+    /// 'static`, since the response future's `Drop` cannot ask for bounds of its own.
+    pub(super) spawn: fn(BoxFuture<T>, &Handle),
 }
 
-impl<F: Future + Send + 'static> FinishOnDrop<F>
-where
-    F::Output: Send + 'static,
-{
-    pub(super) fn new(future: F) -> Self {
+impl<T> FinishOnDrop<T> {
+    pub(super) fn new(record: Arc<RequestRecord>) -> Self
+    where
+        T: Send + 'static,
+    {
         Self {
-            future: Some(Box::pin(future)),
-            runtime: tokio::runtime::Handle::current(),
+            record,
+            spawn: spawn_rest::<T>,
+        }
+    }
+
+    /// Hand `rest` to the runtime if a claimed run is under way; else it is dropped (the request
+    /// is cancelled).
+    pub(super) fn finish(self, rest: BoxFuture<T>) {
+        if let Some(runtime) = self.record.runtime() {
+            (self.spawn)(rest, runtime);
         }
     }
 }
 
-impl<F: Future + Send + 'static> Future for FinishOnDrop<F>
-where
-    F::Output: Send + 'static,
-{
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(future) = self.future.as_mut() else {
-            return Poll::Pending;
-        };
-        // A future that panicked must not be polled again, so it is not handed to the runtime.
-        match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(output)) => {
-                self.future = None;
-                Poll::Ready(output)
-            }
-            Err(panic) => {
-                self.future = None;
-                std::panic::resume_unwind(panic)
-            }
-        }
-    }
-}
-
-impl<F: Future + Send + 'static> Drop for FinishOnDrop<F>
-where
-    F::Output: Send + 'static,
-{
-    fn drop(&mut self) {
-        if let Some(unfinished) = self.future.take() {
-            self.runtime.spawn(unfinished);
-        }
-    }
+fn spawn_rest<T: Send + 'static>(rest: BoxFuture<T>, runtime: &Handle) {
+    runtime.spawn(rest);
 }

@@ -5,14 +5,14 @@
 //!
 //! Each step is a call into its own file; this one only says in which order they come.
 
-use std::sync::Arc;
+use std::{future::Future, sync::Arc};
 
-use http::Request;
+use futures_util::FutureExt;
+use http::{Request, Response};
 use tracing::Instrument;
 
 use super::{
     claim::{claim, Claimed},
-    finish_on_drop::FinishOnDrop,
     pass_through,
     prepare::{prepare, read_key, Prepared},
     refuse, replay,
@@ -20,30 +20,34 @@ use super::{
     Answer, Flow, RunState, SharedOf,
 };
 use crate::{
-    body::RequestBody,
+    body::{RequestBody, ResponseBody},
     mode::Mode,
     observe::{self, Outcome, RequestRecord},
     store::{ClaimOutcome, FencingToken, StoreError},
 };
 
 /// A covered request, inside its span; its final outcome is counted when the record drops.
-pub(super) async fn handle<F: Flow>(
+///
+/// The steps are plain functions around one `async fn` (`guard`) where they can be: each
+/// `async fn` between the response future and the handler keeps its arguments beside the future
+/// it awaits, so nesting them grows the flow's one allocation and what is copied into it.
+pub(super) fn handle<F: Flow>(
     inner: F::Inner,
     layer: SharedOf<F>,
     req: Request<F::ReqBody>,
-) -> Answer<F> {
-    let record = RequestRecord::new(req.method(), req.uri().path(), observe::route_of(&req));
+    record: Arc<RequestRecord>,
+) -> impl Future<Output = Answer<F>> {
     let span = record.span().clone();
-    let result = guard::<F>(inner, layer, req, record.clone())
-        .instrument(span)
-        .await;
-    if let Ok(response) = &result {
-        record.status(response.status());
-    }
-    result
+    let guarded = guard::<F>(inner, layer, req, record.clone()).instrument(span);
+    guarded.map(move |result| {
+        if let Ok(response) = &result {
+            record.status(response.status());
+        }
+        result
+    })
 }
 
-/// Read the key, prepare the request, claim the key.
+/// Read the key, prepare the request, claim the key, answer the claim's outcome.
 async fn guard<F: Flow>(
     inner: F::Inner,
     layer: SharedOf<F>,
@@ -70,56 +74,71 @@ async fn guard<F: Flow>(
 
     let token = FencingToken::new();
     let claimed = claim(&layer, prepared.key_hash, prepared.fingerprint, token).await;
-    respond::<F>(inner, layer, prepared, token, claimed, record).await
+    match respond::<F>(&layer, prepared, token, claimed, &record) {
+        Next::Answer(response) => Ok(response),
+        Next::Run(run, req) => run.execute(inner, req).await,
+        Next::StoreFailed(prepared, err) => {
+            refuse::store_failed(inner, &layer.config, prepared, &err, &record).await
+        }
+    }
+}
+
+/// What the claim's outcome calls for.
+enum Next<F: Flow> {
+    /// The layer's own answer: 409, 422 or the saved answer.
+    Answer(Response<ResponseBody<F::ResBody>>),
+    /// The key is ours: the handler runs.
+    Run(ClaimedRun<F>, Request<RequestBody<F::ReqBody>>),
+    /// The store failed: 503, or with fail-open the handler.
+    StoreFailed(Prepared, StoreError),
 }
 
 /// Answer the claim's outcome.
-async fn respond<F: Flow>(
-    inner: F::Inner,
-    layer: SharedOf<F>,
+fn respond<F: Flow>(
+    layer: &SharedOf<F>,
     prepared: Prepared,
     token: FencingToken,
     claimed: Result<Claimed<RunState<F>>, StoreError>,
-    record: Arc<RequestRecord>,
-) -> Answer<F> {
+    record: &Arc<RequestRecord>,
+) -> Next<F> {
     match claimed {
         Ok(Claimed {
             outcome: ClaimOutcome::Claimed { taken_over },
             run_state,
         }) => {
-            let lease = Lease::new::<F::Mode>(&layer, prepared.key_hash, token, record);
-            run_claimed::<F>(inner, prepared, lease, taken_over, run_state).await
+            let lease = Lease::new::<F::Mode>(layer, prepared.key_hash, token, record.clone());
+            let (run, req) = run_claimed::<F>(prepared, lease, taken_over, run_state);
+            Next::Run(run, req)
         }
         Ok(Claimed {
             outcome: ClaimOutcome::InFlight { lease_remaining },
             ..
-        }) => Ok(refuse::in_flight(
+        }) => Next::Answer(refuse::in_flight(
             &layer.config,
             &prepared,
             lease_remaining,
-            &record,
+            record,
         )),
         Ok(Claimed {
             outcome: ClaimOutcome::Mismatch,
             ..
-        }) => Ok(refuse::mismatch(&layer.config, &record)),
+        }) => Next::Answer(refuse::mismatch(&layer.config, record)),
         Ok(Claimed {
             outcome: ClaimOutcome::Done(saved),
             ..
-        }) => Ok(replay::replay(&layer.config, saved, &record)),
-        Err(err) => refuse::store_failed(inner, &layer.config, prepared, &err, &record).await,
+        }) => Next::Answer(replay::replay(&layer.config, saved, record)),
+        Err(err) => Next::StoreFailed(prepared, err),
     }
 }
 
-/// The key is ours: hand the request to the handler as a [`ClaimedRun`], which a client
+/// The key is ours: the request for the handler and its [`ClaimedRun`], which a client
 /// disconnect does not stop.
-async fn run_claimed<F: Flow>(
-    inner: F::Inner,
+fn run_claimed<F: Flow>(
     prepared: Prepared,
     lease: Lease<F::Store>,
     taken_over: bool,
     claimed: Option<RunState<F>>,
-) -> Answer<F> {
+) -> (ClaimedRun<F>, Request<RequestBody<F::ReqBody>>) {
     if taken_over {
         observe::record(
             Outcome::TakenOver,
@@ -139,8 +158,8 @@ async fn run_claimed<F: Flow>(
     parts.extensions.insert(key);
     let state = F::Mode::begin_run(&lease.store, &mut parts.extensions, claimed);
     let req = Request::from_parts(parts, RequestBody::buffered(bytes));
-    let run = ClaimedRun::<F> { lease, state, path };
-    // If the client disconnects and this future is dropped, the run is handed to the runtime:
-    // the handler runs to the end and its answer is recorded.
-    FinishOnDrop::new(run.execute(inner, req).in_current_span()).await
+    // If the client disconnects and the response future is dropped from here on, the rest of
+    // the flow is handed to the runtime: the handler runs to the end and its answer is recorded.
+    lease.record.finish_on_drop();
+    (ClaimedRun::<F> { lease, state, path }, req)
 }

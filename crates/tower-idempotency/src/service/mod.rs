@@ -6,13 +6,14 @@
 //! claim, or in wait mode the claims), `run.rs` (the handler under its heartbeat), `save.rs`
 //! (its answer saved, or the key released), `replay.rs` (a saved answer), `refuse.rs` (the
 //! answers the layer makes itself). The response future is here, beside the `Service` impl that
-//! makes it; the future that keeps a claimed run going after a disconnect has its own file,
+//! makes it; what it needs to keep a claimed run going after a disconnect has its own file,
 //! `finish_on_drop.rs`.
 
 use std::{
     fmt,
     future::Future,
     marker::PhantomData,
+    panic::AssertUnwindSafe,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
@@ -27,6 +28,7 @@ use crate::{
     body::{BoxError, RequestBody, ResponseBody},
     config::Config,
     mode::{Mode, Standard},
+    observe::{self, RequestRecord},
     store::Store,
 };
 
@@ -40,6 +42,8 @@ mod run;
 mod save;
 #[cfg(test)]
 mod tests;
+
+use finish_on_drop::{BoxFuture, FinishOnDrop};
 
 /// The middleware produced by [`Idempotency`](crate::Idempotency). See the crate docs for the request flow.
 pub struct IdempotencyService<S, St, M = Standard> {
@@ -218,31 +222,66 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
-        let inner = if layer.config.covers(req.method()) {
-            Box::pin(flow::handle::<Bundle<S, St, M, ReqBody, ResBody>>(
-                inner, layer, req,
-            )) as BoxFuture<_>
-        } else {
-            Box::pin(pass_through(inner, req.map(RequestBody::new)))
-        };
-        ResponseFuture { inner }
+        if !layer.config.covers(req.method()) {
+            return ResponseFuture {
+                inner: Some(Box::pin(pass_through(inner, req.map(RequestBody::new)))),
+                finish_on_drop: None,
+            };
+        }
+        let record = RequestRecord::new(req.method(), req.uri().path(), observe::route_of(&req));
+        let finish_on_drop = FinishOnDrop::new(record.clone());
+        let flow = flow::handle::<Bundle<S, St, M, ReqBody, ResBody>>(inner, layer, req, record);
+        ResponseFuture {
+            inner: Some(Box::pin(flow)),
+            finish_on_drop: Some(finish_on_drop),
+        }
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+/// What the response future answers.
+type Output<B, E> = Result<Response<ResponseBody<B>>, E>;
 
 /// The response future of [`IdempotencyService`]: a named newtype around a boxed future
 /// (tower-http's `opaque_future!` idea), since the service awaits the store before and after the
-/// handler.
+/// handler. Dropped during a claimed run, it hands the rest of the run to the runtime.
 pub struct ResponseFuture<B, E> {
-    inner: BoxFuture<Result<Response<ResponseBody<B>>, E>>,
+    /// `None` once it has answered (or panicked).
+    inner: Option<BoxFuture<Output<B, E>>>,
+    /// Covered requests only.
+    finish_on_drop: Option<FinishOnDrop<Output<B, E>>>,
 }
 
 impl<B, E> Future for ResponseFuture<B, E> {
-    type Output = Result<Response<ResponseBody<B>>, E>;
+    type Output = Output<B, E>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Pending;
+        };
+        // A future that panicked must not be polled again, so it is not handed to the runtime.
+        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(output)) => {
+                this.inner = None;
+                this.finish_on_drop = None;
+                Poll::Ready(output)
+            }
+            Err(panic) => {
+                this.inner = None;
+                this.finish_on_drop = None;
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+}
+
+impl<B, E> Drop for ResponseFuture<B, E> {
+    fn drop(&mut self) {
+        if let (Some(rest), Some(finish_on_drop)) = (self.inner.take(), self.finish_on_drop.take())
+        {
+            finish_on_drop.finish(rest);
+        }
     }
 }
 

@@ -102,6 +102,8 @@ impl<F: Flow> ClaimedRun<F> {
             // once: the run's future does not carry the heartbeat's room.
             never = async { Box::pin(renew_forever(&lease)).await }, if lease.leased => match never {},
         };
+        // The rarer endings are boxed when they happen, so the flow's future (one allocation per
+        // request, and copied whole into it) does not carry their room.
         match result {
             // The handler is done: its duration is recorded without the save that follows.
             Ok(Ok((parts, BodyRead::Whole(body, trailers)))) => {
@@ -112,25 +114,19 @@ impl<F: Flow> ClaimedRun<F> {
             }
             Ok(Ok((parts, BodyRead::TooLarge(prefix, rest)))) => {
                 drop(running);
-                Ok(lease
-                    .stream_unkept::<F::Mode, _>(state, parts, prefix, rest)
-                    .await)
+                Ok(Box::pin(lease.stream_unkept::<F::Mode, _>(state, parts, prefix, rest)).await)
             }
             Ok(Ok((parts, BodyRead::Failed(err)))) => {
-                lease
-                    .give_up::<F::Mode>(state, "the response body failed")
-                    .await;
+                Box::pin(lease.give_up::<F::Mode>(state, "the response body failed")).await;
                 Ok(Response::from_parts(parts, ResponseBody::failed(err)))
             }
             Ok(Err(err)) => {
                 let why = "the inner service returned an error";
-                lease.give_up::<F::Mode>(state, why).await;
+                Box::pin(lease.give_up::<F::Mode>(state, why)).await;
                 Err(err)
             }
             Err(panic) => {
-                lease
-                    .give_up::<F::Mode>(state, "the handler panicked")
-                    .await;
+                Box::pin(lease.give_up::<F::Mode>(state, "the handler panicked")).await;
                 std::panic::resume_unwind(panic);
             }
         }
