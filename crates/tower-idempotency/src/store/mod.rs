@@ -56,7 +56,7 @@ pub mod redis;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-pub use sql::batch::{BatchStats, Batching};
+pub use sql::batch::{BatchStats, Batching, DEFAULT_BATCH_TIMEOUT};
 #[cfg(feature = "mysql")]
 pub use sql::mysql;
 #[cfg(feature = "postgres")]

@@ -38,6 +38,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
     },
+    time::Duration,
 };
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -65,6 +66,7 @@ pub struct Batching {
     max_batch: usize,
     pipeline: usize,
     queue: usize,
+    timeout: Duration,
 }
 
 impl Default for Batching {
@@ -73,9 +75,15 @@ impl Default for Batching {
             max_batch: 128,
             pipeline: 1,
             queue: 4096,
+            timeout: DEFAULT_BATCH_TIMEOUT,
         }
     }
 }
+
+/// How long a batch may take by default: as long as the layer waits for a store call by
+/// default ([`DEFAULT_STORE_TIMEOUT`](crate::DEFAULT_STORE_TIMEOUT)); past that, nobody
+/// waits for its answers any more.
+pub const DEFAULT_BATCH_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Batching {
     /// At most `size` operations share one statement (at least 1; 1 turns batching off, each
@@ -99,6 +107,16 @@ impl Batching {
         self
     }
 
+    /// A batch still running after `timeout` is abandoned (default [`DEFAULT_BATCH_TIMEOUT`]):
+    /// each of its operations fails as [`StoreErrorKind::Unavailable`], and its pipeline slot
+    /// goes to the next batch, so a statement that hangs (a connection whose packets are lost)
+    /// holds up the queue for at most this long. A claim of such a batch that did commit is
+    /// held by nobody until its lease passes.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
     /// The largest batch.
     pub fn max_batch_size(&self) -> usize {
         self.max_batch
@@ -112,6 +130,11 @@ impl Batching {
     /// How many operations may wait.
     pub fn queue_capacity(&self) -> usize {
         self.queue
+    }
+
+    /// How long a batch may run.
+    pub fn batch_timeout(&self) -> Duration {
+        self.timeout
     }
 }
 
@@ -299,18 +322,26 @@ async fn drive<R: Runner>(
         counters.count(batch.len());
         let runner = runner.clone();
         tokio::spawn(async move {
-            run_batch(&runner, batch).await;
+            run_batch(&runner, batch, settings.timeout).await;
             drop(slot);
         });
     }
 }
 
-async fn run_batch<R: Runner>(runner: &Arc<R>, batch: Vec<Pending<R>>) {
+async fn run_batch<R: Runner>(runner: &Arc<R>, batch: Vec<Pending<R>>, limit: Duration) {
     let (entries, replies): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .map(|pending| (pending.entry, pending.reply))
         .unzip();
-    match runner.run(&entries).await {
+    let ran = tokio::time::timeout(limit, runner.run(&entries))
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("a batch took longer than {limit:?}"),
+            ))
+        });
+    match ran {
         Ok(outputs) => {
             for ((entry, reply), output) in entries.into_iter().zip(replies).zip(outputs) {
                 if let Err(Ok(output)) = reply.send(output) {
@@ -462,6 +493,25 @@ mod tests {
             answer.await.unwrap().unwrap();
         }
         assert_eq!(*lock(&batcher.runner.sizes), [1, 2]);
+    }
+
+    #[test]
+    fn a_batch_may_run_as_long_as_the_layer_waits_for_it() {
+        assert_eq!(DEFAULT_BATCH_TIMEOUT, crate::config::DEFAULT_STORE_TIMEOUT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_that_hangs_fails_its_entries_and_frees_its_slot() {
+        let limit = Duration::from_secs(2);
+        let batcher = batcher(gated(), Batching::default().timeout(limit));
+        let started = tokio::time::Instant::now();
+        let err = batcher.submit(1).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Unavailable);
+        assert_eq!(started.elapsed(), limit);
+        // The slot is free: the next batch runs (and finishes once the gate opens).
+        batcher.runner.gate.add_permits(1);
+        assert_eq!(batcher.submit(2).await.unwrap(), 4);
+        assert_eq!(*lock(&batcher.runner.sizes), [1, 1]);
     }
 
     #[tokio::test]

@@ -251,6 +251,8 @@ fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
     PgPoolOptions::new()
         .max_connections(connections)
         .min_connections(0)
+        // A batch past its timeout is abandoned; its connection may still be stuck.
+        .acquire_timeout(batching.batch_timeout())
         // A ping on every checkout is a round trip per batch; a dead connection fails the
         // batch's statement instead, which answers 503 like any outage.
         .test_before_acquire(false)
