@@ -335,47 +335,68 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
             sorted[count] = Some((key, value_start..out.len()));
             count += 1;
         };
-        // Each value is written to one scratch buffer; the members are then put in key order.
-        let mut scratch = Vec::new();
-        let mut members: Vec<Member<'de>> = Vec::with_capacity(count + 1);
-        for (key, range) in sorted.into_iter().flatten() {
-            let at = scratch.len();
-            scratch.extend_from_slice(&out[range]);
-            members.push((key, at..scratch.len()));
-        }
-        out.truncate(start);
-        let mut next = Some(pending);
-        loop {
-            let key = match next.take() {
-                Some(key) => key,
-                None => match map.next_key_seed(MemberName)? {
-                    Some(key) => key,
-                    None => break,
-                },
-            };
-            let start = scratch.len();
-            map.next_value_seed(Canonical(&mut scratch))?;
-            members.push((key, start..scratch.len()));
-        }
-        // Stable, so that of repeated names the last stays last: it wins, as in `Value`.
-        members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-        self.0.push(b'{');
-        let mut first = true;
-        for (i, (key, value)) in members.iter().enumerate() {
-            if members.get(i + 1).is_some_and(|next| next.0 == *key) {
-                continue;
-            }
-            if !first {
-                self.0.push(b',');
-            }
-            first = false;
-            write_scalar(key.as_ref(), self.0);
-            self.0.push(b':');
-            self.0.extend_from_slice(&scratch[value.clone()]);
-        }
-        self.0.push(b'}');
+        let (members, scratch) = rest_of_object(map, sorted, count, out, start, pending)?;
+        write_object(out, members, &scratch);
         Ok(())
     }
+}
+
+/// The general way for an object whose names are not in order: the members written in place
+/// (`sorted`, from `start` in `out`) move to one scratch buffer, and the rest of the object is
+/// read into it, from `pending` (the name out of order) on.
+fn rest_of_object<'de, A: serde::de::MapAccess<'de>>(
+    mut map: A,
+    sorted: [Option<Member<'de>>; SORTED_MEMBERS],
+    count: usize,
+    out: &mut Vec<u8>,
+    start: usize,
+    pending: std::borrow::Cow<'de, str>,
+) -> Result<(Vec<Member<'de>>, Vec<u8>), A::Error> {
+    // Each value is written to one scratch buffer; the members are then put in key order.
+    let mut scratch = Vec::new();
+    let mut members: Vec<Member<'de>> = Vec::with_capacity(count + 1);
+    for (key, range) in sorted.into_iter().flatten() {
+        let at = scratch.len();
+        scratch.extend_from_slice(&out[range]);
+        members.push((key, at..scratch.len()));
+    }
+    out.truncate(start);
+    let mut next = Some(pending);
+    loop {
+        let key = match next.take() {
+            Some(key) => key,
+            None => match map.next_key_seed(MemberName)? {
+                Some(key) => key,
+                None => break,
+            },
+        };
+        let start = scratch.len();
+        map.next_value_seed(Canonical(&mut scratch))?;
+        members.push((key, start..scratch.len()));
+    }
+    Ok((members, scratch))
+}
+
+/// `members` (their values in `scratch`) as a canonical object in `out`: in name order, and of
+/// repeated names only the last.
+fn write_object(out: &mut Vec<u8>, mut members: Vec<Member<'_>>, scratch: &[u8]) {
+    // Stable, so that of repeated names the last stays last: it wins, as in `Value`.
+    members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    out.push(b'{');
+    let mut first = true;
+    for (i, (key, value)) in members.iter().enumerate() {
+        if members.get(i + 1).is_some_and(|next| next.0 == *key) {
+            continue;
+        }
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        write_scalar(key.as_ref(), out);
+        out.push(b':');
+        out.extend_from_slice(&scratch[value.clone()]);
+    }
+    out.push(b'}');
 }
 
 /// An object member: its name, and where its canonical value was written.

@@ -6,7 +6,7 @@ use std::{convert::Infallible, panic::AssertUnwindSafe, pin::Pin, sync::Arc};
 use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{HeaderMap, Request, Response};
-use http_body::Body;
+use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower_service::Service;
@@ -180,43 +180,63 @@ where
     if body.size_hint().lower() > limit as u64 {
         return Ok((parts, BodyRead::TooLarge(Bytes::new(), body)));
     }
-    // The first data frame is kept as it is, and copied only when a second one follows: most
-    // bodies are one frame.
-    let mut first = Bytes::new();
-    let mut read = bytes::BytesMut::new();
-    let mut trailers = HeaderMap::new();
+    let mut reading = Reading::default();
     loop {
         match body.frame().await {
             None => break,
             Some(Err(err)) => return Ok((parts, BodyRead::Failed(err.into()))),
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) if first.is_empty() && read.is_empty() => {
-                    first = data;
-                    if first.len() > limit {
-                        return Ok((parts, BodyRead::TooLarge(first, body)));
-                    }
+            Some(Ok(frame)) => {
+                if let Some(prefix) = reading.take(frame, limit) {
+                    return Ok((parts, BodyRead::TooLarge(prefix, body)));
                 }
-                Ok(data) => {
-                    if read.is_empty() {
-                        read.extend_from_slice(&std::mem::take(&mut first));
-                    }
-                    read.extend_from_slice(&data);
-                    if read.len() > limit {
-                        return Ok((parts, BodyRead::TooLarge(read.freeze(), body)));
-                    }
-                }
-                Err(frame) => {
-                    if let Ok(more) = frame.into_trailers() {
-                        trailers.extend(more);
-                    }
-                }
-            },
+            }
         }
     }
-    let whole = if read.is_empty() {
-        first
-    } else {
-        read.freeze()
-    };
+    let (whole, trailers) = reading.finish();
     Ok((parts, BodyRead::Whole(whole, trailers)))
+}
+
+/// A response body as read so far. The first data frame is kept as it is, and copied only when
+/// a second one follows: most bodies are one frame.
+#[derive(Default)]
+struct Reading {
+    first: Bytes,
+    read: bytes::BytesMut,
+    trailers: HeaderMap,
+}
+
+impl Reading {
+    /// Take one frame; the data read so far when it made the body longer than `limit`.
+    fn take(&mut self, frame: Frame<Bytes>, limit: usize) -> Option<Bytes> {
+        match frame.into_data() {
+            Ok(data) if self.first.is_empty() && self.read.is_empty() => {
+                self.first = data;
+                (self.first.len() > limit).then(|| std::mem::take(&mut self.first))
+            }
+            Ok(data) => {
+                if self.read.is_empty() {
+                    self.read
+                        .extend_from_slice(&std::mem::take(&mut self.first));
+                }
+                self.read.extend_from_slice(&data);
+                (self.read.len() > limit).then(|| std::mem::take(&mut self.read).freeze())
+            }
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    self.trailers.extend(more);
+                }
+                None
+            }
+        }
+    }
+
+    /// The whole body and its trailers.
+    fn finish(self) -> (Bytes, HeaderMap) {
+        let whole = if self.read.is_empty() {
+            self.first
+        } else {
+            self.read.freeze()
+        };
+        (whole, self.trailers)
+    }
 }

@@ -127,6 +127,42 @@ struct Record {
     changed: Option<Arc<Notify>>,
 }
 
+impl Record {
+    /// A running record for `claim`, claimed at `now`.
+    fn claimed(claim: &Claim, now: Instant) -> Self {
+        Self {
+            fingerprint: claim.fingerprint,
+            token: claim.token,
+            state: State::Running {
+                lease_until: now + claim.lease,
+            },
+            claimed_at: now,
+            expires_at: now + claim.ttl,
+            changed: None,
+        }
+    }
+
+    /// What `claim` finds on this live record; a running one whose lease lapsed is taken over.
+    fn claim_again(&mut self, claim: &Claim, now: Instant) -> ClaimOutcome {
+        if self.fingerprint != claim.fingerprint {
+            return ClaimOutcome::Mismatch;
+        }
+        match &self.state {
+            State::Done(response) => ClaimOutcome::Done(response.clone()),
+            State::Running { lease_until } if *lease_until > now => ClaimOutcome::InFlight {
+                lease_remaining: *lease_until - now,
+            },
+            State::Running { .. } => {
+                self.token = claim.token;
+                self.state = State::Running {
+                    lease_until: now + claim.lease,
+                };
+                ClaimOutcome::Claimed { taken_over: true }
+            }
+        }
+    }
+}
+
 // Most records are done (a running one lives for one handler call), so the large variant is
 // the common one and boxing it would add an allocation per record.
 #[allow(clippy::large_enum_variant)]
@@ -232,52 +268,28 @@ impl Store for MemoryStore {
         if shard.wants_room(now, self.per_shard) && !shard.records.contains_key(&claim.key) {
             shard.make_room(now, self.per_shard)?;
         }
-        let fresh = || Record {
-            fingerprint: claim.fingerprint,
-            token: claim.token,
-            state: State::Running {
-                lease_until: now + claim.lease,
-            },
-            claimed_at: now,
-            expires_at: now + claim.ttl,
-            changed: None,
-        };
         let Shard {
             records,
             earliest_expiry,
             ..
         } = &mut *shard;
-        let record = match records.entry(claim.key) {
-            Entry::Occupied(record) if record.get().expires_at > now => record.into_mut(),
+        match records.entry(claim.key) {
+            Entry::Occupied(record) if record.get().expires_at > now => {
+                Ok(record.into_mut().claim_again(claim, now))
+            }
             Entry::Occupied(expired) => {
-                let record = fresh();
+                let record = Record::claimed(claim, now);
                 note_expiry(earliest_expiry, record.expires_at);
                 *expired.into_mut() = record;
-                return Ok(ClaimOutcome::Claimed { taken_over: false });
+                Ok(ClaimOutcome::Claimed { taken_over: false })
             }
             Entry::Vacant(vacant) => {
-                let record = fresh();
+                let record = Record::claimed(claim, now);
                 note_expiry(earliest_expiry, record.expires_at);
                 vacant.insert(record);
-                return Ok(ClaimOutcome::Claimed { taken_over: false });
+                Ok(ClaimOutcome::Claimed { taken_over: false })
             }
-        };
-        if record.fingerprint != claim.fingerprint {
-            return Ok(ClaimOutcome::Mismatch);
         }
-        Ok(match &record.state {
-            State::Done(response) => ClaimOutcome::Done(response.clone()),
-            State::Running { lease_until } if *lease_until > now => ClaimOutcome::InFlight {
-                lease_remaining: *lease_until - now,
-            },
-            State::Running { .. } => {
-                record.token = claim.token;
-                record.state = State::Running {
-                    lease_until: now + claim.lease,
-                };
-                ClaimOutcome::Claimed { taken_over: true }
-            }
-        })
     }
 
     async fn renew(
