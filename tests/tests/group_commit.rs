@@ -18,7 +18,7 @@ use sqlx::postgres::PgPoolOptions;
 use tower::ServiceExt;
 use tower_idempotency::{
     store::{
-        postgres::PostgresStore, sqlite::SqliteStore, BatchStats, ClaimOutcome, Store,
+        postgres::PostgresStore, sqlite::SqliteStore, BatchStats, Batching, ClaimOutcome, Store,
         StoreErrorKind,
     },
     Idempotency, IdempotencyKey, REPLAYED_HEADER,
@@ -429,6 +429,78 @@ async fn postgres_a_connection_cut_mid_batch_fails_every_entry_and_holds_no_key_
             "the key must be free once its lease has passed"
         );
     }
+}
+
+/// A batch whose connection's packets are lost hangs in the database; the requests queued
+/// behind it wait for it. Each gets 503 with `Retry-After` at the layer's store timeout, none
+/// runs its handler, and none leaves a claim behind: once the network is back, every key runs,
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_requests_queued_behind_a_hung_batch_get_503_and_leave_no_claim() {
+    let options = fresh_postgres_database().await;
+    let target = tokio::net::lookup_host(format!("{}:{}", options.get_host(), options.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = FaultProxy::start(target).await.unwrap();
+    let direct = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    PostgresStore::new(direct.clone()).migrate().await.unwrap();
+    let proxied = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_lazy_with(options.host("127.0.0.1").port(proxy.addr().port()));
+    let store = PostgresStore::with_batching(
+        proxied,
+        Batching::default().timeout(Duration::from_millis(600)),
+    );
+    let executions = Executions::default();
+    let app = Router::new()
+        .route("/orders", post(create))
+        .route_layer(Idempotency::new(store).with_store_timeout(Duration::from_millis(300)))
+        .with_state(executions.clone());
+    let send = |key: String| {
+        let app = app.clone();
+        async move {
+            let request = Request::post("/orders")
+                .header("idempotency-key", &key)
+                .body(Body::empty())
+                .unwrap();
+            app.oneshot(request).await.unwrap()
+        }
+    };
+    proxy.black_hole();
+    let keys: Vec<String> = (0..8).map(|n| format!("hung-{n}")).collect();
+    let answers = bounded("the requests behind the hung batch", async {
+        join_all(keys.iter().cloned().map(send)).await
+    })
+    .await;
+    for answer in &answers {
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(answer.headers().contains_key("retry-after"));
+    }
+    assert!(executions.0.lock().unwrap().is_empty(), "a handler ran");
+    proxy.restore();
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_records")
+        .fetch_one(&direct)
+        .await
+        .unwrap();
+    assert_eq!(held, 0, "a claim was left behind");
+    bounded("the retries", async {
+        for key in &keys {
+            // The first retries may still meet the cut connections of the black hole (503).
+            while send(key.clone()).await.status() != StatusCode::CREATED {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    })
+    .await;
+    let executions = executions.0.lock().unwrap();
+    assert_eq!(executions.len(), keys.len());
+    assert!(executions.values().all(|&n| n == 1), "{executions:?}");
 }
 
 /// `close` closes the batches' own connections: PostgreSQL sees them go, a claim after it is
