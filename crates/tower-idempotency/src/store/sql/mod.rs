@@ -21,7 +21,7 @@ use crate::{
     key::KeyHash,
     store::{
         error::{StoreError, StoreErrorKind},
-        record::{Claim, ClaimOutcome, FencingToken, RecordInfo, StoreStats, StoredResponse},
+        record::{ClaimOutcome, FencingToken, RecordInfo, StoreStats, StoredResponse},
         time,
     },
 };
@@ -51,10 +51,12 @@ macro_rules! statements {
 /// `check_schema` and `Debug`; with `batching`, `with_batching` and `batch_stats` too; `reads`,
 /// inside `impl Store`, the operators' `get`, `forget` and `stats` as plain statements. The store
 /// keeps `pool`, `table` and `queries` in `inner` (with `batching` and `batches` when it batches),
-/// and has `fn build`, `fn rebuild(&self, TableName) -> Self` and a `MIGRATIONS` const.
+/// and has a `MIGRATIONS` const and `fn build(pool, kept.., table)`, which `with_table` calls
+/// with the pool and the `rebuild` fields of `inner` it keeps.
 macro_rules! sql_store {
     (
         $store:ident in $module:ident on $pool:ident ($url:literal),
+        rebuild: [$($kept:ident),*],
         migrate: $safe:literal $(, batching: $shares:literal)?
     ) => {
         impl $store {
@@ -98,7 +100,7 @@ macro_rules! sql_store {
             /// # }
             /// ```
             pub fn with_table(self, table: TableName) -> Self {
-                self.rebuild(table)
+                Self::build(self.inner.pool.clone(), $(self.inner.$kept,)* table)
             }
 
             /// The table the store keeps its records in.
@@ -224,6 +226,20 @@ pub(super) async fn wait_for_change(
     if watch.await {
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }
+}
+
+/// Wake this process's waiters on `key` if the write was applied: a database that cannot notify
+/// other connections (SQLite, MySQL) announces a change this way only.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(super) fn announce(
+    waiters: &Waiters,
+    key: &KeyHash,
+    fenced: crate::store::Fenced,
+) -> crate::store::Fenced {
+    if fenced.applied() {
+        waiters.wake(key);
+    }
+    fenced
 }
 
 /// The table the stores' migrations are tracked in, apart from the application's own.
@@ -379,10 +395,15 @@ where
     i32: for<'a> Encode<'a, DB> + for<'a> Decode<'a, DB> + Type<DB>,
     bool: for<'a> Decode<'a, DB> + Type<DB>,
     Vec<u8>: for<'a> Decode<'a, DB> + Type<DB>,
+    // What the statements run on the pool need.
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    DB::Arguments: IntoArguments<DB>,
+    DB::QueryResult: RowsAffected,
 {
     /// The parameters of a claim: 1 key, 2 fingerprint, 3 token, 4 lease and 5 retention in
-    /// milliseconds.
-    pub(super) fn claim(claim: &Claim) -> Result<DB::Arguments, StoreError> {
+    /// milliseconds. (SQLite binds its batch's claims as JSON arrays.)
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(super) fn claim(claim: &crate::store::Claim) -> Result<DB::Arguments, StoreError> {
         Self::encoded(|args| {
             args.add(claim.key.as_bytes().as_slice())?;
             args.add(claim.fingerprint.as_bytes().as_slice())?;
@@ -484,11 +505,7 @@ where
         pool: Pool<DB>,
         get: impl SqlSafeStr,
         key: KeyHash,
-    ) -> Result<Option<RecordInfo>, StoreError>
-    where
-        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-        DB::Arguments: IntoArguments<DB>,
-    {
+    ) -> Result<Option<RecordInfo>, StoreError> {
         let row = sqlx::query_with(get, Self::key(&key)?)
             .fetch_optional(&pool)
             .await?;
@@ -500,16 +517,23 @@ where
         pool: Pool<DB>,
         forget: impl SqlSafeStr,
         key: KeyHash,
-    ) -> Result<bool, StoreError>
-    where
-        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-        DB::Arguments: IntoArguments<DB>,
-        DB::QueryResult: RowsAffected,
-    {
+    ) -> Result<bool, StoreError> {
         let done = sqlx::query_with(forget, Self::key(&key)?)
             .execute(&pool)
             .await?;
         Ok(done.rows() > 0)
+    }
+
+    /// Delete up to `batch` expired records with the store's `sweep`; how many it deleted.
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    pub(super) async fn sweep(
+        pool: &Pool<DB>,
+        sweep: impl SqlSafeStr,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let batch = Self::encoded(|args| args.add(i64::from(batch)))?;
+        let done = sqlx::query_with(sweep, batch).execute(pool).await?;
+        Ok(done.rows())
     }
 
     /// A row of a store's `GET` as the record it describes.

@@ -189,14 +189,11 @@ impl MySqlStore {
             }),
         }
     }
-
-    fn rebuild(&self, table: TableName) -> Self {
-        Self::build(self.inner.pool.clone(), table)
-    }
 }
 
 sql_store!(
     MySqlStore in mysql on MySqlPool ("mysql://root@localhost/app"),
+    rebuild: [],
     migrate: "sqlx serialises them with a named lock (`GET_LOCK`)"
 );
 
@@ -279,18 +276,16 @@ impl Store for MySqlStore {
         );
         let pool = self.inner.pool.clone();
         let done = detached(async move { write.execute(&pool).await }).await?;
-        Ok(self
-            .inner
-            .announce(key, Fenced::from_rows(done.rows_affected())))
+        let fenced = Fenced::from_rows(done.rows_affected());
+        Ok(sql::announce(&self.inner.waiters, key, fenced))
     }
 
     async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
         let write = sqlx::query_with(self.inner.queries.release.clone(), Codec::held(key, token)?);
         let pool = self.inner.pool.clone();
         let done = detached(async move { write.execute(&pool).await }).await?;
-        Ok(self
-            .inner
-            .announce(key, Fenced::from_rows(done.rows_affected())))
+        let fenced = Fenced::from_rows(done.rows_affected());
+        Ok(sql::announce(&self.inner.waiters, key, fenced))
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
@@ -302,7 +297,7 @@ impl Store for MySqlStore {
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        // Nothing to watch: changes are announced in this process only (see `Inner::announce`);
+        // Nothing to watch: changes are announced in this process only (see `sql::announce`);
         // across instances the layer's next claim, one poll interval later, sees them.
         sql::wait_for_change(&self.inner.waiters, key, deadline, async { true }).await;
     }
@@ -354,20 +349,8 @@ impl TransactionalStore for MySqlStore {
         )))
         .execute(&mut **tx)
         .await?;
-        Ok(self
-            .inner
-            .announce(key, Fenced::from_rows(done.rows_affected())))
-    }
-}
-
-impl Inner {
-    /// Wake this process's waiters on `key` if the write was applied: MySQL cannot notify other
-    /// connections, so this is the only announcement of a change.
-    fn announce(&self, key: &KeyHash, fenced: Fenced) -> Fenced {
-        if fenced.applied() {
-            self.waiters.wake(key);
-        }
-        fenced
+        let fenced = Fenced::from_rows(done.rows_affected());
+        Ok(sql::announce(&self.inner.waiters, key, fenced))
     }
 }
 

@@ -217,14 +217,11 @@ impl PostgresStore {
     pub async fn close(&self) {
         self.inner.batch_pool.close().await;
     }
-
-    fn rebuild(&self, table: TableName) -> Self {
-        Self::build(self.inner.pool.clone(), self.inner.batching, table)
-    }
 }
 
 sql_store!(
     PostgresStore in postgres on PgPool ("postgres://postgres@localhost/app"),
+    rebuild: [batching],
     migrate: "sqlx serialises them with an advisory lock",
     batching: "concurrent claims, saves, releases and renewals share statements"
 );
@@ -334,11 +331,7 @@ impl Store for PostgresStore {
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(self.inner.queries.sweep.clone())
-            .bind(i64::from(batch))
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(done.rows_affected())
+        Codec::sweep(&self.inner.pool, self.inner.queries.sweep.clone(), batch).await
     }
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {

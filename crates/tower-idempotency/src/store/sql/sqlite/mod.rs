@@ -211,14 +211,11 @@ impl SqliteStore {
             }),
         }
     }
-
-    fn rebuild(&self, table: TableName) -> Self {
-        Self::build(self.inner.pool.clone(), self.inner.batching, table)
-    }
 }
 
 sql_store!(
     SqliteStore in sqlite on SqlitePool ("sqlite://app.db?mode=rwc"),
+    rebuild: [batching],
     migrate: "the schema is created with `IF NOT EXISTS`, and a run that loses the race to record a version runs again and finds it applied",
     batching: "concurrent writes share transactions"
 );
@@ -284,16 +281,12 @@ impl Store for SqliteStore {
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
         let _writer = self.inner.writers.lock().await;
-        let done = sqlx::query(self.inner.queries.sweep.clone())
-            .bind(i64::from(batch))
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(done.rows_affected())
+        Codec::sweep(&self.inner.pool, self.inner.queries.sweep.clone(), batch).await
     }
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
         let deadline = Instant::now() + timeout;
-        // Nothing to watch: changes are announced in this process only (see `Inner::announce`).
+        // Nothing to watch: changes are announced in this process only (see `sql::announce`).
         sql::wait_for_change(&self.inner.waiters, key, deadline, async { true }).await;
     }
 
@@ -327,7 +320,7 @@ impl TransactionalStore for SqliteStore {
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
         let fenced = complete_on(&self.inner.queries, &mut **tx, key, token, response).await?;
-        Ok(self.inner.announce(key, fenced))
+        Ok(sql::announce(&self.inner.waiters, key, fenced))
     }
 }
 
@@ -338,15 +331,6 @@ impl Inner {
             Written::Fenced(fenced) => Ok(fenced),
             Written::Claim(_) => Err(StoreError::corrupt("a write was answered as a claim")),
         }
-    }
-
-    /// Wake this process's waiters on `key` if the write was applied: SQLite cannot notify other
-    /// connections, so this is the only announcement of a change.
-    fn announce(&self, key: &KeyHash, fenced: Fenced) -> Fenced {
-        if fenced.applied() {
-            self.waiters.wake(key);
-        }
-        fenced
     }
 }
 
