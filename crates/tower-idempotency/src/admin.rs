@@ -45,7 +45,7 @@ use axum::{
 
 use crate::{
     key::{IdempotencyKey, KeyHash, Scope},
-    store::{time::to_millis, DynStore, RecordState, Store, StoreError, StoreErrorKind},
+    store::{record::time::to_millis, DynStore, RecordState, Store, StoreError, StoreErrorKind},
     sweeper::DEFAULT_SWEEP_BATCH,
 };
 

@@ -30,17 +30,9 @@ use crate::key::KeyHash;
 
 mod dynamic;
 mod error;
-mod record;
+pub(crate) mod record;
 pub use dynamic::{BoxFuture, DynStore, ErasedStore};
 pub use error::{StoreError, StoreErrorKind};
-#[cfg(any(
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "redis",
-    feature = "admin"
-))]
-pub(crate) use record::time;
 pub use record::{
     Claim, ClaimOutcome, Fenced, FencingToken, OldestRunning, RecordInfo, RecordState, StoreStats,
     StoredResponse,

@@ -9,7 +9,9 @@ use redis::{
     Value,
 };
 
-use crate::store::{time::from_millis, ClaimOutcome, RecordInfo, StoreError, StoredResponse};
+use crate::store::{
+    record::time::from_millis, ClaimOutcome, RecordInfo, StoreError, StoredResponse,
+};
 
 /// A script that reads the clock: `prologue.lua` (which sets `now`), then `$file`.
 macro_rules! timed_script {

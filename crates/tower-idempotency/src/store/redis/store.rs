@@ -12,7 +12,7 @@ use super::{
 use crate::{
     key::KeyHash,
     store::{
-        time::{from_millis, to_millis},
+        record::time::{from_millis, to_millis},
         Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreStats,
         StoredResponse,
     },

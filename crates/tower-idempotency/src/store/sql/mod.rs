@@ -21,8 +21,7 @@ use crate::{
     key::KeyHash,
     store::{
         error::{StoreError, StoreErrorKind},
-        record::{ClaimOutcome, FencingToken, RecordInfo, StoreStats, StoredResponse},
-        time,
+        record::{time, ClaimOutcome, FencingToken, RecordInfo, StoreStats, StoredResponse},
     },
 };
 
@@ -568,7 +567,7 @@ where
 }
 
 /// A duration in whole milliseconds for the SQL, at least 1 (a zero lease would make a claim
-/// indistinguishable from a takeover) and at most [`MAX_MILLIS`](crate::store::time::MAX_MILLIS).
+/// indistinguishable from a takeover) and at most [`MAX_MILLIS`](crate::store::record::time::MAX_MILLIS).
 pub(super) fn millis(duration: Duration) -> i64 {
     i64::try_from(time::to_millis(duration).max(1)).unwrap_or(i64::MAX)
 }
