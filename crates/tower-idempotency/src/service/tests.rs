@@ -252,6 +252,33 @@ async fn uncovered_methods_pass_through_without_a_key() {
 #[cfg(feature = "metrics")]
 use crate::observe::recorded::Recorded;
 
+/// Five guarded requests (saved, replayed, mismatch, rejected without a key, released) and a
+/// GET, which is not guarded.
+#[cfg(feature = "metrics")]
+async fn five_guarded_requests_and_a_get() {
+    let created = IdempotencyService::new(
+        counting_service(Arc::new(AtomicUsize::new(0)), StatusCode::CREATED),
+        MemoryStore::new(),
+    );
+    let limited = IdempotencyService::new(
+        counting_service(Arc::new(AtomicUsize::new(0)), StatusCode::TOO_MANY_REQUESTS),
+        MemoryStore::new(),
+    );
+    created.clone().oneshot(post("k", "a")).await.unwrap();
+    created.clone().oneshot(post("k", "a")).await.unwrap();
+    created.clone().oneshot(post("k", "b")).await.unwrap();
+    let no_key = Request::post("/orders")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    created.clone().oneshot(no_key).await.unwrap();
+    limited.clone().oneshot(post("k", "a")).await.unwrap();
+    // Not a covered method: not a guarded request, not counted.
+    let get = Request::get("/orders")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    created.clone().oneshot(get).await.unwrap();
+}
+
 #[cfg(feature = "metrics")]
 #[test]
 fn every_guarded_request_counts_exactly_one_final_outcome() {
@@ -261,29 +288,7 @@ fn every_guarded_request_counts_exactly_one_final_outcome() {
         .build()
         .unwrap();
     metrics::with_local_recorder(&recorded, || {
-        runtime.block_on(async {
-            let created = IdempotencyService::new(
-                counting_service(Arc::new(AtomicUsize::new(0)), StatusCode::CREATED),
-                MemoryStore::new(),
-            );
-            let limited = IdempotencyService::new(
-                counting_service(Arc::new(AtomicUsize::new(0)), StatusCode::TOO_MANY_REQUESTS),
-                MemoryStore::new(),
-            );
-            created.clone().oneshot(post("k", "a")).await.unwrap();
-            created.clone().oneshot(post("k", "a")).await.unwrap();
-            created.clone().oneshot(post("k", "b")).await.unwrap();
-            let no_key = Request::post("/orders")
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            created.clone().oneshot(no_key).await.unwrap();
-            limited.clone().oneshot(post("k", "a")).await.unwrap();
-            // Not a covered method: not a guarded request, not counted.
-            let get = Request::get("/orders")
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            created.clone().oneshot(get).await.unwrap();
-        })
+        runtime.block_on(five_guarded_requests_and_a_get())
     });
     let total = "idempotency_requests_total{outcome=";
     // No router matched these requests: the route is unknown, never the raw path.
@@ -476,30 +481,42 @@ mod contract {
         }
     }
 
+    /// A handler that answers 201 with a body streamed from a channel, whose sender it puts in
+    /// `senders`; `runs` counts its calls.
+    fn streaming_export(
+        runs: Arc<AtomicUsize>,
+        senders: Arc<std::sync::Mutex<Vec<tokio::sync::mpsc::Sender<Bytes>>>>,
+    ) -> impl Service<
+        Request<RequestBody<Full<Bytes>>>,
+        Response = Response<Channel>,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+           + Send
+           + 'static {
+        tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let (tx, rx) = tokio::sync::mpsc::channel(64);
+            senders.lock().unwrap().push(tx);
+            async move {
+                let response = Response::builder()
+                    .status(StatusCode::CREATED)
+                    .header("location", "/exports/1")
+                    .header("content-type", "text/event-stream")
+                    .body(Channel(rx))
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        })
+    }
+
     #[tokio::test]
     async fn an_answer_over_the_saved_limit_is_streamed_and_a_retry_gets_its_status_and_headers() {
         let runs = Arc::new(AtomicUsize::new(0));
         let senders = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let handler = {
-            let (runs, senders) = (runs.clone(), senders.clone());
-            tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
-                runs.fetch_add(1, Ordering::SeqCst);
-                let (tx, rx) = tokio::sync::mpsc::channel(64);
-                senders.lock().unwrap().push(tx);
-                async move {
-                    let response = Response::builder()
-                        .status(StatusCode::CREATED)
-                        .header("location", "/exports/1")
-                        .header("content-type", "text/event-stream")
-                        .body(Channel(rx))
-                        .unwrap();
-                    Ok::<_, std::convert::Infallible>(response)
-                }
-            })
-        };
         let service = Idempotency::memory()
             .with_saved_body_limit(1024)
-            .layer(handler);
+            .layer(streaming_export(runs.clone(), senders.clone()));
         let first = tokio::spawn(service.clone().oneshot(post("k", "a")));
         tokio::task::yield_now().await;
         let tx = loop {
