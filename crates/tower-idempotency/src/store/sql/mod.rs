@@ -1,6 +1,8 @@
 //! What the SQL stores (PostgreSQL, SQLite, MySQL) share: the migrator, the parameters their statements
-//! bind and the claim row they read ([`Codec`]), the in-process side of waiting
-//! ([`wait_for_change`]), and the conversions between the layer's types and the SQL columns.
+//! bind and the claim row they read ([`Codec`]), the statements they run alike (the operators'
+//! reads, the sweep), the in-process side of waiting ([`wait_for_change`], `announce`), the
+//! public methods every SQL store has (`sql_store!`), and the conversions between the layer's
+//! types and the SQL columns.
 //! The SQL itself stays in each store's `queries.rs`, where the databases differ, written for
 //! `idempotency_records`; [`TableName::statement`] writes it for the store's table once, when
 //! the store is built.
