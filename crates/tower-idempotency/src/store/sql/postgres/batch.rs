@@ -382,33 +382,42 @@ impl ClaimsAndSaves {
             .bind(claims().map(|c| millis(c.lease)).collect::<Vec<_>>())
             .bind(claims().map(|c| millis(c.ttl)).collect::<Vec<_>>());
         if !saves.is_empty() {
-            let (mut keys, mut tokens, mut statuses, mut headers, mut bodies) =
-                (vec![], vec![], vec![], vec![], vec![]);
-            for &i in saves {
-                if let Op::Complete {
-                    key,
-                    token,
-                    status,
-                    headers: encoded,
-                    body,
-                } = &ops[i]
-                {
-                    keys.push(key.0);
-                    tokens.push(token.as_uuid());
-                    statuses.push(*status);
-                    headers.push(encoded.as_slice());
-                    bodies.push(body.as_ref());
-                }
-            }
-            query = query
-                .bind(keys)
-                .bind(tokens)
-                .bind(statuses)
-                .bind(headers)
-                .bind(bodies);
+            query = bind_saves(query, ops, saves);
         }
         Ok(query.fetch_all(&self.pool).await?)
     }
+}
+
+/// Bind the saves `saves` of `ops` as [`CLAIM_AND_COMPLETE_MANY`]'s `$6` to `$10`.
+fn bind_saves<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ops: &'q [Op],
+    saves: &[usize],
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let (mut keys, mut tokens, mut statuses, mut headers, mut bodies) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for &i in saves {
+        if let Op::Complete {
+            key,
+            token,
+            status,
+            headers: encoded,
+            body,
+        } = &ops[i]
+        {
+            keys.push(key.0);
+            tokens.push(token.as_uuid());
+            statuses.push(*status);
+            headers.push(encoded.as_slice());
+            bodies.push(body.as_ref());
+        }
+    }
+    query
+        .bind(keys)
+        .bind(tokens)
+        .bind(statuses)
+        .bind(headers)
+        .bind(bodies)
 }
 
 /// Tell the waiters of the `watched` records (hex keys) that they changed.

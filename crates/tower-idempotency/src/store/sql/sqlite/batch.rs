@@ -266,8 +266,7 @@ impl Round {
     }
 
     /// Answer the writes of this round from its rows. A token-checked write with no row did not
-    /// apply; a later claim of a round's key with the first one's fingerprint is answered from
-    /// the first one's outcome.
+    /// apply.
     fn answer(
         &self,
         writes: &[Write],
@@ -301,6 +300,13 @@ impl Round {
                 }
             }
         }
+        self.answer_duplicates(writes, answers);
+        Ok(())
+    }
+
+    /// A later claim of a round's key with the first one's fingerprint is answered from the
+    /// first one's outcome, as a duplicate arriving at the same instant would be.
+    fn answer_duplicates(&self, writes: &[Write], answers: &mut [Option<Written>]) {
         for (i, write) in writes.iter().enumerate() {
             let Write::Claim(claim) = write else { continue };
             if answers[i].is_some() {
@@ -322,7 +328,6 @@ impl Round {
                 answers[i] = Some(Written::Claim(duplicate));
             }
         }
-        Ok(())
     }
 }
 
