@@ -44,19 +44,17 @@
 //! Listed in the [install table](#install) above; every item that needs one says so in these docs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[macro_use]
+mod cfg;
+
 #[cfg(feature = "admin")]
 pub mod admin;
 mod body;
 mod compile_checks;
 mod config;
-#[cfg(any(
-    feature = "memory",
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "redis"
-))]
-mod constructors;
+cfg_any_store! {
+    mod constructors;
+}
 pub mod error;
 #[cfg(feature = "axum")]
 mod extract;

@@ -61,14 +61,9 @@ pub use sql::sqlite;
     doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
 )]
 pub use sql::table::{InvalidTableName, TableName};
-#[cfg(any(
-    feature = "memory",
-    feature = "postgres",
-    feature = "sqlite",
-    feature = "mysql",
-    feature = "redis"
-))]
-mod waiters;
+cfg_any_store! {
+    mod waiters;
+}
 
 /// A backend that keeps idempotency records.
 ///
