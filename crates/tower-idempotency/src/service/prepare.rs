@@ -2,10 +2,10 @@
 //! key scoped and the request fingerprinted. Each refusal here is answered before anything is
 //! claimed.
 
-use bytes::Bytes;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::header::CONTENT_LENGTH;
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 
 use super::refuse::Refusal;
 use crate::{
@@ -100,14 +100,14 @@ where
             note: "the declared body is over the limit: 413",
         });
     }
-    let read = Limited::new(body, config.body_limit).collect();
+    let read = collect_up_to(body, config.body_limit);
     match within(config.body_timeout, read).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(err)) if err.is::<LengthLimitError>() => Err(Refusal {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(Unread::TooLarge)) => Err(Refusal {
             rejection: too_large(),
             note: "the body is over the limit: 413",
         }),
-        Ok(Err(_)) => Err(Refusal {
+        Ok(Err(Unread::Failed)) => Err(Refusal {
             rejection: Rejection::UnreadableBody,
             note: "the body could not be read: 400",
         }),
@@ -118,6 +118,51 @@ where
             note: "the body did not arrive within the body timeout: 408",
         }),
     }
+}
+
+/// Why a body was not read whole.
+enum Unread {
+    /// Over the limit.
+    TooLarge,
+    /// The body failed.
+    Failed,
+}
+
+/// The body's bytes, up to `limit`: what `Limited` and `collect` give, without their queue of
+/// frames. The first frame is kept as it came, and copied only when another follows; most request
+/// bodies are one frame.
+async fn collect_up_to<B: Body>(body: B, limit: usize) -> Result<Bytes, Unread> {
+    let mut body = std::pin::pin!(body);
+    let mut first = Bytes::new();
+    let mut more = BytesMut::new();
+    let mut read = 0;
+    while let Some(frame) = body.as_mut().frame().await {
+        let Ok(frame) = frame else {
+            return Err(Unread::Failed);
+        };
+        // Trailers are not part of the bytes.
+        let Ok(mut data) = frame.into_data() else {
+            continue;
+        };
+        let len = data.remaining();
+        if len > limit - read {
+            return Err(Unread::TooLarge);
+        }
+        read += len;
+        if read == len {
+            first = data.copy_to_bytes(len);
+        } else {
+            if more.is_empty() {
+                more.extend_from_slice(&std::mem::take(&mut first));
+            }
+            more.put(data);
+        }
+    }
+    Ok(if more.is_empty() {
+        first
+    } else {
+        more.freeze()
+    })
 }
 
 /// A header name as people write it (`Idempotency-Key`), for error details; `HeaderName` keeps
