@@ -246,6 +246,51 @@ async fn postgres_claims_and_saves_share_one_batch() {
     .await;
 }
 
+/// A run's save and a renewal of its lease (the heartbeat) queued at once, and two renewals
+/// of one run: each gets its own answer, the save applies, and a retry replays the answer.
+async fn a_run_s_save_and_renewals_in_one_batch<S: Batched>(store: S) {
+    let run = claim_of(random_key(), "run", LONG, DAY);
+    assert_eq!(store.claim(&run).await.unwrap(), claimed(false));
+    let other = claim_of(random_key(), "other", LONG, DAY);
+    assert_eq!(store.claim(&other).await.unwrap(), claimed(false));
+    let answer = response();
+    let (saved, renewed, twice) = tokio::join!(
+        store.complete(&run.key, run.token, &answer),
+        store.renew(&run.key, run.token, LONG),
+        join_all([
+            store.renew(&other.key, other.token, LONG),
+            store.renew(&other.key, other.token, LONG),
+        ]),
+    );
+    assert!(saved.expect("the save").applied());
+    renewed.expect("the renewal is answered");
+    for renewal in twice {
+        assert!(renewal.expect("a renewal").applied());
+    }
+    assert_eq!(
+        store.claim(&retry_of(&run)).await.unwrap(),
+        ClaimOutcome::Done(answer)
+    );
+}
+
+#[tokio::test]
+async fn postgres_a_run_s_save_and_renewals_in_one_batch() {
+    bounded(
+        "the save and the renewals",
+        a_run_s_save_and_renewals_in_one_batch(postgres().await),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite_a_run_s_save_and_renewals_in_one_batch() {
+    bounded(
+        "the save and the renewals",
+        a_run_s_save_and_renewals_in_one_batch(sqlite().await),
+    )
+    .await;
+}
+
 /// Executions of the handler, by key.
 #[derive(Clone, Default)]
 struct Executions(Arc<Mutex<HashMap<String, usize>>>);

@@ -210,8 +210,9 @@ struct Round {
     claims: Vec<usize>,
     /// The first claim of each key in this round.
     first_of_key: HashMap<KeyHash, usize>,
-    /// The token-checked writes of this round, by key and token.
-    fenced: HashMap<(KeyHash, FencingToken), usize>,
+    /// The token-checked writes of this round, by their array (0 saves, 1 releases, 2
+    /// renewals), key and token: a run's save and renewal, or two renewals, may share a batch.
+    fenced: HashMap<(usize, KeyHash, FencingToken), Vec<usize>>,
 }
 
 impl Round {
@@ -244,7 +245,11 @@ impl Round {
                 Write::Renew { key, token, .. } => (2, key, *token),
             };
             if array != 3 {
-                round.fenced.insert((*key, token), i);
+                round
+                    .fenced
+                    .entry((array, *key, token))
+                    .or_default()
+                    .push(i);
             }
             let out = &mut arrays[array];
             out.push(if out.is_empty() { '[' } else { ',' });
@@ -274,7 +279,7 @@ impl Round {
         answers: &mut [Option<Written>],
     ) -> Result<(), StoreError> {
         let unknown = || StoreError::corrupt("the batch returned an unknown entry");
-        for &i in self.fenced.values() {
+        for &i in self.fenced.values().flatten() {
             answers[i] = Some(Written::Fenced(Fenced::Lost));
         }
         for row in rows {
@@ -290,13 +295,20 @@ impl Round {
                     let taken_over = row.try_get("taken_over")?;
                     answers[i] = Some(Written::Claim(ClaimOutcome::Claimed { taken_over }));
                 }
-                _ => {
+                fenced => {
+                    let array = match fenced {
+                        "saved" => 0,
+                        "released" => 1,
+                        _ => 2,
+                    };
                     let token = FencingToken::from_uuid(row.try_get("token")?);
-                    let i = *self
+                    let writes = self
                         .fenced
-                        .get(&(key_of(row)?, token))
+                        .get(&(array, key_of(row)?, token))
                         .ok_or_else(unknown)?;
-                    answers[i] = Some(Written::Fenced(Fenced::Applied));
+                    for &i in writes {
+                        answers[i] = Some(Written::Fenced(Fenced::Applied));
+                    }
                 }
             }
         }
