@@ -83,9 +83,9 @@ impl Runner for Reads {
         &self,
         claims: &[Claim],
     ) -> Result<Vec<Result<Option<ClaimOutcome>, StoreError>>, StoreError> {
-        let mut json = String::from("[");
+        let mut json = String::from("{\"c\":[");
         for claim in claims {
-            if json.len() > 1 {
+            if !json.ends_with('[') {
                 json.push(',');
             }
             json.push_str("{\"k\":\"");
@@ -94,7 +94,7 @@ impl Runner for Reads {
             push_hex(&mut json, claim.fingerprint.as_bytes());
             json.push_str("\"}");
         }
-        json.push(']');
+        json.push_str("]}");
         let rows = sqlx::query(self.queries.live_many.clone())
             .bind(json)
             .fetch_all(&self.pool)

@@ -1,28 +1,36 @@
 //! The SQL of the SQLite store, one statement per operation. Parameters are numbered (`?1`),
 //! and the clock is SQLite's: `julianday('now')` in milliseconds since the Unix epoch.
 
-/// Read, without taking the write lock, the live records that cannot be claimed: another
-/// fingerprint, `done`, or `running` under a valid lease. Those states hold until the record
-/// expires, so replays, duplicates in flight and mismatches are answered by this read alone and
-/// never queue behind writers. Anything else goes to [`BATCH`], whose upsert alone decides who
-/// runs.
-///
-/// Many claims at once: `?1` is a JSON array of claims (`k`ey, `f`ingerprint, as hex); one row
-/// per claim answered, numbered `n` in the array.
-pub(super) const LIVE_MANY: &str = r#"
-SELECT j.key AS n,
+/// The text of [`LIVE_MANY`], which [`BATCH`] runs too: the claims are the array `c` of the one
+/// JSON parameter.
+macro_rules! live_many {
+    () => {
+        r#"
+SELECT 'live' AS kind, j.key AS n,
        CASE WHEN r.fingerprint <> unhex(j.value ->> 'f') THEN 'mismatch'
             WHEN r.state = 'done' THEN 'done'
             ELSE 'in_flight' END AS outcome,
        false AS taken_over,
        max(0, r.lease_until - clock.now) AS lease_remaining_ms,
        r.status, r.headers, r.body
-FROM json_each(?1) AS j
+FROM json_each(?1, '$.c') AS j
 JOIN idempotency_records AS r ON r.key = unhex(j.value ->> 'k')
 JOIN (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now) AS clock
 WHERE r.expires_at > clock.now
   AND (r.fingerprint <> unhex(j.value ->> 'f') OR r.state = 'done' OR r.lease_until > clock.now)
-"#;
+"#
+    };
+}
+
+/// Read, without taking the write lock, the live records that cannot be claimed: another
+/// fingerprint, `done`, or `running` under a valid lease. Those states hold until the record
+/// expires, so replays, duplicates in flight and mismatches are answered by this read alone and
+/// never queue behind writers. Anything else goes to [`BATCH`], whose upsert alone decides who
+/// runs.
+///
+/// Many claims at once: `?1` is a JSON object whose array `c` holds the claims (`k`ey,
+/// `f`ingerprint, as hex); one row per claim answered, numbered `n` in the array.
+pub(super) const LIVE_MANY: &str = live_many!();
 
 /// A whole batch of writes (group commit) in one transaction, sent to SQLite's thread at once:
 /// the write lock is taken and released inside one hop, never held while the store's task waits.
@@ -41,7 +49,8 @@ WHERE r.expires_at > clock.now
 /// ones whose lease lapsed with the same fingerprint) and returns their keys. Everything runs in
 /// one `BEGIN IMMEDIATE .. COMMIT`, one writer at a time, so no other write falls between the
 /// read and the upsert.
-pub(super) const BATCH: &str = r#"
+pub(super) const BATCH: &str = concat!(
+    r#"
 BEGIN IMMEDIATE;
 UPDATE idempotency_records AS r
 SET state = 'done', status = j.value ->> 's', headers = unhex(j.value ->> 'h'),
@@ -59,18 +68,9 @@ SET lease_until = CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INT
 FROM json_each(?1, '$.n') AS j
 WHERE r.key = unhex(j.value ->> 'k') AND r.token = unhex(j.value ->> 't') AND r.state = 'running'
 RETURNING 'renewed' AS kind, key, token;
-SELECT 'live' AS kind, j.key AS n,
-       CASE WHEN r.fingerprint <> unhex(j.value ->> 'f') THEN 'mismatch'
-            WHEN r.state = 'done' THEN 'done'
-            ELSE 'in_flight' END AS outcome,
-       false AS taken_over,
-       max(0, r.lease_until - clock.now) AS lease_remaining_ms,
-       r.status, r.headers, r.body
-FROM json_each(?1, '$.c') AS j
-JOIN idempotency_records AS r ON r.key = unhex(j.value ->> 'k')
-JOIN (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now) AS clock
-WHERE r.expires_at > clock.now
-  AND (r.fingerprint <> unhex(j.value ->> 'f') OR r.state = 'done' OR r.lease_until > clock.now);
+"#,
+    live_many!(),
+    r#";
 INSERT INTO idempotency_records AS r
     (key, fingerprint, token, state, created_at, lease_until, expires_at)
 SELECT unhex(j.value ->> 'k'), unhex(j.value ->> 'f'), unhex(j.value ->> 't'), 'running',
@@ -95,7 +95,8 @@ RETURNING 'claimed' AS kind, key,
     created_at <> CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)
         AS taken_over;
 COMMIT;
-"#;
+"#
+);
 
 /// Save the response on the running record held with the token (its expiry unchanged).
 pub(super) const COMPLETE: &str = r#"
