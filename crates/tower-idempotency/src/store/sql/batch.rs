@@ -202,7 +202,7 @@ impl Counters {
 /// What runs one batch of one kind of operation against the database.
 pub(crate) trait Runner: Send + Sync + 'static {
     /// One queued operation.
-    type Entry: Send + 'static;
+    type Entry: Send + Sync + 'static;
     /// Its outcome.
     type Output: Send + 'static;
 
@@ -211,6 +211,12 @@ pub(crate) trait Runner: Send + Sync + 'static {
         &self,
         entries: &[Self::Entry],
     ) -> impl Future<Output = Result<Vec<Result<Self::Output, StoreError>>, StoreError>> + Send;
+
+    /// `true` for a runner whose batches only read: a request that finds no batch running and
+    /// nothing queued runs its own batch of one in its own task, skipping the hop to the driver.
+    /// A writer never does, because its batch must finish (and undo a claim whose request is
+    /// gone) even if the request is dropped halfway.
+    const INLINE_WHEN_IDLE: bool = false;
 
     /// `entry` ran, but the request that queued it is gone: undo what needs undoing (a claim
     /// that won is released).
@@ -231,6 +237,8 @@ pub(crate) struct Batcher<R: Runner> {
     counters: Arc<Counters>,
     /// The queue to the driver task; started on first use, and again if its runtime went away.
     queue: Mutex<Option<mpsc::Sender<Pending<R>>>>,
+    /// The pipeline's slots, one per batch in the database.
+    slots: Arc<Semaphore>,
 }
 
 impl<R: Runner> fmt::Debug for Batcher<R> {
@@ -248,11 +256,25 @@ impl<R: Runner> Batcher<R> {
             settings,
             counters,
             queue: Mutex::new(None),
+            slots: Arc::new(Semaphore::new(settings.pipeline)),
         }
     }
 
     /// Queue `entry` and wait for its outcome.
     pub(crate) async fn submit(&self, entry: R::Entry) -> Result<R::Output, StoreError> {
+        if R::INLINE_WHEN_IDLE && self.idle() {
+            if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+                self.counters.count(1);
+                let ran = run_bounded(&self.runner, std::slice::from_ref(&entry), &self.settings);
+                let outcome = ran.await.and_then(|mut outcomes| {
+                    outcomes.pop().unwrap_or_else(|| {
+                        Err(StoreError::corrupt("a batch of one answered nothing"))
+                    })
+                });
+                drop(slot);
+                return outcome;
+            }
+        }
         let (reply, answer) = oneshot::channel();
         self.enqueue(Pending { entry, reply })?;
         answer.await.unwrap_or_else(|_| {
@@ -261,6 +283,13 @@ impl<R: Runner> Batcher<R> {
                 "the batch this operation was in stopped before it answered",
             ))
         })
+    }
+
+    /// Nothing is queued (or the queue is not started yet).
+    fn idle(&self) -> bool {
+        lock(&self.queue)
+            .as_ref()
+            .is_none_or(|sender| sender.capacity() == sender.max_capacity())
     }
 
     fn enqueue(&self, pending: Pending<R>) -> Result<(), StoreError> {
@@ -285,12 +314,30 @@ impl<R: Runner> Batcher<R> {
             self.runner.clone(),
             self.settings,
             self.counters.clone(),
+            self.slots.clone(),
         ));
         // A fresh queue has room for one.
         let _ = sender.try_send(pending);
         *queue = Some(sender);
         Ok(())
     }
+}
+
+/// Run `entries`, failing them all as unavailable past the batch timeout.
+async fn run_bounded<R: Runner>(
+    runner: &Arc<R>,
+    entries: &[R::Entry],
+    settings: &Batching,
+) -> Result<Vec<Result<R::Output, StoreError>>, StoreError> {
+    let limit = settings.timeout;
+    tokio::time::timeout(limit, runner.run(entries))
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("a batch took longer than {limit:?}"),
+            ))
+        })
 }
 
 /// Take batches off the queue and run them, at most `settings.pipeline` at once, until every
@@ -300,8 +347,8 @@ async fn drive<R: Runner>(
     runner: Arc<R>,
     settings: Batching,
     counters: Arc<Counters>,
+    slots: Arc<Semaphore>,
 ) {
-    let slots = Arc::new(Semaphore::new(settings.pipeline));
     while let Some(first) = queue.recv().await {
         // While every slot is busy, the next batch gathers in the queue.
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -322,25 +369,18 @@ async fn drive<R: Runner>(
         counters.count(batch.len());
         let runner = runner.clone();
         tokio::spawn(async move {
-            run_batch(&runner, batch, settings.timeout).await;
+            run_batch(&runner, batch, &settings).await;
             drop(slot);
         });
     }
 }
 
-async fn run_batch<R: Runner>(runner: &Arc<R>, batch: Vec<Pending<R>>, limit: Duration) {
+async fn run_batch<R: Runner>(runner: &Arc<R>, batch: Vec<Pending<R>>, settings: &Batching) {
     let (entries, replies): (Vec<_>, Vec<_>) = batch
         .into_iter()
         .map(|pending| (pending.entry, pending.reply))
         .unzip();
-    let ran = tokio::time::timeout(limit, runner.run(&entries))
-        .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                format!("a batch took longer than {limit:?}"),
-            ))
-        });
+    let ran = run_bounded(runner, &entries, settings).await;
     match ran {
         Ok(outputs) => {
             for ((entry, reply), output) in entries.into_iter().zip(replies).zip(outputs) {
@@ -493,6 +533,32 @@ mod tests {
             answer.await.unwrap().unwrap();
         }
         assert_eq!(*lock(&batcher.runner.sizes), [1, 2]);
+    }
+
+    /// A read-only runner: idle, a request runs its batch of one itself.
+    struct InlineDoubler(Doubler);
+
+    impl Runner for InlineDoubler {
+        type Entry = u32;
+        type Output = u32;
+        const INLINE_WHEN_IDLE: bool = true;
+
+        async fn run(&self, entries: &[u32]) -> Result<Vec<Result<u32, StoreError>>, StoreError> {
+            self.0.run(entries).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_finds_nothing_queued_runs_in_its_own_task() {
+        let batcher = Batcher::new(
+            InlineDoubler(Doubler::default()),
+            Batching::default(),
+            Arc::default(),
+        );
+        assert_eq!(batcher.submit(21).await.unwrap(), 42);
+        assert!(lock(&batcher.queue).is_none(), "the driver was started");
+        assert_eq!(*lock(&batcher.runner.0.sizes), [1]);
+        assert_eq!(batcher.counters.snapshot().entries, 1);
     }
 
     #[test]

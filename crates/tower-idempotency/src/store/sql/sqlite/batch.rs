@@ -79,6 +79,8 @@ impl Runner for Reads {
     /// `None`: no live record answers the claim; it goes to the writes.
     type Output = Option<ClaimOutcome>;
 
+    const INLINE_WHEN_IDLE: bool = true;
+
     async fn run(
         &self,
         claims: &[Claim],
