@@ -100,6 +100,17 @@ impl TableName {
         AssertSqlSafe(sql).into_sql_str()
     }
 
+    /// `sql`, written for the default table, for this table: made once, when a store is built.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(in crate::store) fn statement_text(&self, sql: String) -> SqlStr {
+        let sql: Arc<str> = if self.is_default() {
+            sql.into()
+        } else {
+            sql.replace(DEFAULT, self.as_str()).into()
+        };
+        AssertSqlSafe(sql).into_sql_str()
+    }
+
     /// A migration (SQL written for the default table) for this table: the table's name
     /// where the table is meant, and the names derived from it (`{name}_expires_at`, the
     /// constraints) where an index or constraint is named. SQLite names an index with its

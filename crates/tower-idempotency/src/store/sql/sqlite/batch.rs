@@ -19,7 +19,7 @@ use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 
 use sqlx::{
     sqlite::{SqlitePool, SqliteRow},
-    Row,
+    Row, SqlStr,
 };
 use tokio::sync::Mutex;
 
@@ -119,6 +119,8 @@ pub(super) struct Writes {
     pub(super) pool: SqlitePool,
     /// The store's statements, for its table.
     pub(super) queries: Arc<Queries>,
+    /// The batch's statement list for each set of kinds of write ([`batches`](super::queries::batches)).
+    pub(super) batches: Vec<SqlStr>,
     pub(super) writers: Arc<Mutex<()>>,
     /// Called with the key of every applied save or release once it is committed.
     pub(super) announce: Arc<dyn Fn(&KeyHash) + Send + Sync>,
@@ -190,7 +192,7 @@ impl Writes {
     async fn run_round(&self, round: &Round) -> Result<Vec<SqliteRow>, StoreError> {
         let _writer = self.writers.lock().await;
         let mut conn = self.pool.acquire().await?;
-        let rows = sqlx::query(self.queries.batch.clone())
+        let rows = sqlx::query(self.batches[round.kinds].clone())
             .bind(&round.json)
             .fetch_all(&mut *conn)
             .await;
@@ -208,6 +210,8 @@ impl Writes {
 struct Round {
     /// The batch's one parameter: `{"s": saves, "r": releases, "n": renewals, "c": claims}`.
     json: String,
+    /// Which of those arrays hold entries (bit 0 saves .. bit 3 claims).
+    kinds: usize,
     /// The writes behind the claims' array, in its order.
     claims: Vec<usize>,
     /// The first claim of each key in this round.
@@ -224,6 +228,7 @@ impl Round {
         let mut arrays: [String; 4] = Default::default();
         let mut round = Round {
             json: String::new(),
+            kinds: 0,
             claims: Vec::new(),
             first_of_key: HashMap::new(),
             fenced: HashMap::new(),
@@ -253,6 +258,7 @@ impl Round {
                     .or_default()
                     .push(i);
             }
+            round.kinds |= 1 << array;
             let out = &mut arrays[array];
             out.push(if out.is_empty() { '[' } else { ',' });
             push_entry(out, write);

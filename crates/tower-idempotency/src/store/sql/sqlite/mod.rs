@@ -186,6 +186,7 @@ impl SqliteStore {
         let runner = Writes {
             pool: pool.clone(),
             queries: queries.clone(),
+            batches: queries::batches(&table),
             writers: writers.clone(),
             announce,
         };

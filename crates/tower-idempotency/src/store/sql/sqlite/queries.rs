@@ -32,7 +32,8 @@ WHERE r.expires_at > clock.now
 /// `f`ingerprint, as hex); one row per claim answered, numbered `n` in the array.
 pub(super) const LIVE_MANY: &str = live_many!();
 
-/// A whole batch of writes (group commit) in one transaction, sent to SQLite's thread at once:
+/// A whole batch of writes (group commit) in one transaction, sent to SQLite's thread at once
+/// (the statements of [`batches`]):
 /// the write lock is taken and released inside one hop, never held while the store's task waits.
 ///
 /// The one parameter, `?1`, is a JSON object with one array per kind of write (blobs as hex):
@@ -49,19 +50,22 @@ pub(super) const LIVE_MANY: &str = live_many!();
 /// ones whose lease lapsed with the same fingerprint) and returns their keys. Everything runs in
 /// one `BEGIN IMMEDIATE .. COMMIT`, one writer at a time, so no other write falls between the
 /// read and the upsert.
-pub(super) const BATCH: &str = concat!(
+pub(super) const BATCH: [&str; 4] = [
     r#"
-BEGIN IMMEDIATE;
 UPDATE idempotency_records AS r
 SET state = 'done', status = j.value ->> 's', headers = unhex(j.value ->> 'h'),
     body = unhex(j.value ->> 'b')
 FROM json_each(?1, '$.s') AS j
 WHERE r.key = unhex(j.value ->> 'k') AND r.token = unhex(j.value ->> 't') AND r.state = 'running'
 RETURNING 'saved' AS kind, key, token;
+"#,
+    r#"
 DELETE FROM idempotency_records
 WHERE state = 'running'
   AND (key, token) IN (SELECT unhex(value ->> 'k'), unhex(value ->> 't') FROM json_each(?1, '$.r'))
 RETURNING 'released' AS kind, key, token;
+"#,
+    r#"
 UPDATE idempotency_records AS r
 SET lease_until = CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)
                   + (j.value ->> 'l')
@@ -69,8 +73,9 @@ FROM json_each(?1, '$.n') AS j
 WHERE r.key = unhex(j.value ->> 'k') AND r.token = unhex(j.value ->> 't') AND r.state = 'running'
 RETURNING 'renewed' AS kind, key, token;
 "#,
-    live_many!(),
-    r#";
+    concat!(
+        live_many!(),
+        r#";
 INSERT INTO idempotency_records AS r
     (key, fingerprint, token, state, created_at, lease_until, expires_at)
 SELECT unhex(j.value ->> 'k'), unhex(j.value ->> 'f'), unhex(j.value ->> 't'), 'running',
@@ -94,9 +99,27 @@ WHERE r.expires_at <= excluded.created_at
 RETURNING 'claimed' AS kind, key,
     created_at <> CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)
         AS taken_over;
-COMMIT;
 "#
-);
+    ),
+];
+
+/// [`BATCH`]'s statements for the kinds of write a batch holds (bit `i` set: `BATCH[i]` is in),
+/// in order, inside `BEGIN IMMEDIATE .. COMMIT`, written for `table`: a batch runs no statement
+/// for a kind it does not hold.
+pub(super) fn batches(table: &crate::store::sql::TableName) -> Vec<sqlx::SqlStr> {
+    (0..1usize << BATCH.len())
+        .map(|kinds| {
+            let mut sql = String::from("BEGIN IMMEDIATE;");
+            for (i, statement) in BATCH.iter().enumerate() {
+                if kinds & (1 << i) != 0 {
+                    sql.push_str(statement);
+                }
+            }
+            sql.push_str("COMMIT;");
+            table.statement_text(sql)
+        })
+        .collect()
+}
 
 /// Save the response on the running record held with the token (its expiry unchanged).
 pub(super) const COMPLETE: &str = r#"
@@ -159,7 +182,6 @@ statements! {
     /// The store's statements for its table.
     struct Queries {
         live_many: LIVE_MANY,
-        batch: BATCH,
         complete: COMPLETE,
         release: RELEASE,
         sweep: SWEEP,
