@@ -548,6 +548,82 @@ async fn postgres_requests_queued_behind_a_hung_batch_get_503_and_leave_no_claim
     assert!(executions.values().all(|&n| n == 1), "{executions:?}");
 }
 
+/// Twenty claims of one key in one batch cost one statement, not twenty: the first claims, the
+/// rest are answered as duplicates of it (in flight), and twenty retries of the saved answer
+/// likewise share one read. Counted on the wire, through a proxy.
+#[tokio::test]
+async fn postgres_many_claims_of_one_key_share_one_statement() {
+    let options = fresh_postgres_database().await;
+    let target = tokio::net::lookup_host(format!("{}:{}", options.get_host(), options.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = FaultProxy::start(target).await.unwrap();
+    let direct = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    PostgresStore::new(direct).migrate().await.unwrap();
+    let proxied = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_lazy_with(options.host("127.0.0.1").port(proxy.addr().port()));
+    let store = PostgresStore::new(proxied);
+    // Opens the batch connection, so the counts below are statements only.
+    let warm = claim_of(random_key(), "warm", LONG, DAY);
+    assert_eq!(store.claim(&warm).await.unwrap(), claimed(false));
+
+    let hot = claim_of(random_key(), "hot", LONG, DAY);
+    let claims: Vec<_> = (0..20).map(|_| retry_of(&hot)).collect();
+    let before = proxy.traffic();
+    let outcomes = bounded("twenty claims of one key", async {
+        join_all(claims.iter().map(|claim| store.claim(claim))).await
+    })
+    .await;
+    let used = proxy.traffic().since(before);
+    let claimed_once = outcomes
+        .iter()
+        .filter(|outcome| *outcome.as_ref().unwrap() == claimed(false))
+        .count();
+    assert_eq!(claimed_once, 1, "{outcomes:?}");
+    assert!(outcomes.iter().all(|outcome| matches!(
+        outcome.as_ref().unwrap(),
+        ClaimOutcome::Claimed { .. } | ClaimOutcome::InFlight { .. }
+    )));
+    // One statement and the pool's ping on release; one statement per claim would be 20.
+    assert!(
+        used.round_trips <= 4,
+        "twenty claims of one key took {} round trips",
+        used.round_trips
+    );
+
+    let holder = &claims[outcomes
+        .iter()
+        .position(|outcome| *outcome.as_ref().unwrap() == claimed(false))
+        .unwrap()];
+    let answer = response();
+    assert!(store
+        .complete(&holder.key, holder.token, &answer)
+        .await
+        .unwrap()
+        .applied());
+    let before = proxy.traffic();
+    let replays = bounded("twenty replays of one key", async {
+        join_all(claims.iter().map(|claim| store.claim(claim))).await
+    })
+    .await;
+    let used = proxy.traffic().since(before);
+    for replay in replays {
+        assert_eq!(replay.unwrap(), ClaimOutcome::Done(answer.clone()));
+    }
+    assert!(
+        used.round_trips <= 4,
+        "twenty replays of one key took {} round trips",
+        used.round_trips
+    );
+}
+
 /// `close` closes the batches' own connections: PostgreSQL sees them go, a claim after it is
 /// refused as unavailable (503), and the application's pool is left open.
 #[tokio::test]

@@ -7,7 +7,10 @@
 //! in the parent module: the claim is decided by the primary key's conflict check, every write is
 //! checked against its fencing token.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{hash_map::Entry, HashMap},
+    sync::Arc,
+};
 
 use sqlx::{
     postgres::{PgPool, PgRow},
@@ -244,7 +247,14 @@ impl<'a> Answers<'a> {
             .filter(|&i| self.answers[i].is_none())
             .filter_map(|i| self.claim(i).map(|claim| (i, claim)))
             .filter(|(_, claim)| !saved.contains(&&claim.key))
-            .filter(|&(i, claim)| first_of_key.insert(&claim.key, i).is_none())
+            // The first claim of each key runs; `insert` would keep the last.
+            .filter(|&(i, claim)| match first_of_key.entry(&claim.key) {
+                Entry::Vacant(vacant) => {
+                    vacant.insert(i);
+                    true
+                }
+                Entry::Occupied(_) => false,
+            })
             .map(|(i, _)| i)
             .collect();
         (round, first_of_key)
