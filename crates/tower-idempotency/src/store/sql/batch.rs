@@ -45,6 +45,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::store::{
     error::{StoreError, StoreErrorKind},
+    record::{Claim, ClaimOutcome},
     waiters::lock,
 };
 
@@ -196,6 +197,16 @@ impl Counters {
     fn count(&self, entries: usize) {
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.entries.fetch_add(entries as u64, Ordering::Relaxed);
+    }
+}
+
+/// What a claim is answered when an earlier claim of the same key with the same fingerprint ran
+/// in the same round of a batch (`outcome`): in flight behind a fresh claim, for the whole lease,
+/// or the same answer, as a duplicate arriving at the same instant would be.
+pub(crate) fn duplicate_of(outcome: &ClaimOutcome, first: &Claim) -> ClaimOutcome {
+    match outcome {
+        ClaimOutcome::Claimed { .. } => ClaimOutcome::in_flight(first.lease),
+        other => other.clone(),
     }
 }
 

@@ -25,7 +25,11 @@ use crate::store::sql::TableName;
 use crate::{
     key::KeyHash,
     store::{
-        sql::{self, batch::Runner, millis},
+        sql::{
+            self,
+            batch::{duplicate_of, Runner},
+            millis,
+        },
         Claim, ClaimOutcome, Fenced, FencingToken, StoreError, StoreErrorKind,
     },
 };
@@ -355,14 +359,6 @@ impl Runner for ClaimsAndSaves {
             sqlx::query_with(release, held).execute(&pool).await?;
             Ok(())
         });
-    }
-}
-
-/// What a duplicate of `first` (same key, same fingerprint, same batch) is answered.
-fn duplicate_of(outcome: &ClaimOutcome, first: &Claim) -> ClaimOutcome {
-    match outcome {
-        ClaimOutcome::Claimed { .. } => ClaimOutcome::in_flight(first.lease),
-        other => other.clone(),
     }
 }
 

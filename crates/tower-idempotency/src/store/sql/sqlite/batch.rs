@@ -27,7 +27,11 @@ use super::{queries::Queries, Codec};
 use crate::{
     key::{push_hex, KeyHash},
     store::{
-        sql::{self, batch::Runner, millis},
+        sql::{
+            self,
+            batch::{duplicate_of, Runner},
+            millis,
+        },
         Claim, ClaimOutcome, Fenced, FencingToken, StoreError, StoreErrorKind, StoredResponse,
     },
 };
@@ -90,11 +94,9 @@ impl Runner for Reads {
             if !json.ends_with('[') {
                 json.push(',');
             }
-            json.push_str("{\"k\":\"");
-            push_hex(&mut json, claim.key.as_bytes());
-            json.push_str("\",\"f\":\"");
-            push_hex(&mut json, claim.fingerprint.as_bytes());
-            json.push_str("\"}");
+            json.push('{');
+            push_claim_key(&mut json, claim);
+            json.push('}');
         }
         json.push_str("]}");
         let rows = sqlx::query(self.queries.live_many.clone())
@@ -341,11 +343,7 @@ impl Round {
                 continue;
             };
             if first_claim.fingerprint == claim.fingerprint {
-                let duplicate = match outcome {
-                    ClaimOutcome::Claimed { .. } => ClaimOutcome::in_flight(first_claim.lease),
-                    other => other.clone(),
-                };
-                answers[i] = Some(Written::Claim(duplicate));
+                answers[i] = Some(Written::Claim(duplicate_of(outcome, first_claim)));
             }
         }
     }
@@ -359,20 +357,27 @@ fn key_of(row: &SqliteRow) -> Result<KeyHash, StoreError> {
     Ok(KeyHash(key))
 }
 
+/// `"name":"<hex of bytes>"`.
+fn hex_field(out: &mut String, name: &str, bytes: &[u8]) {
+    let _ = write!(out, "\"{name}\":\"");
+    push_hex(out, bytes);
+    out.push('"');
+}
+
+/// A claim's key and fingerprint, the fields the read and the batch's claims share.
+fn push_claim_key(out: &mut String, claim: &Claim) {
+    hex_field(out, "k", claim.key.as_bytes());
+    out.push(',');
+    hex_field(out, "f", claim.fingerprint.as_bytes());
+}
+
 /// `write` as one JSON object of [`BATCH`](super::queries::BATCH)'s arrays: blobs as hex,
 /// numbers as numbers; nothing else, so nothing needs escaping.
 fn push_entry(out: &mut String, write: &Write) {
-    let hex_field = |out: &mut String, name: &str, bytes: &[u8]| {
-        let _ = write!(out, "\"{name}\":\"");
-        push_hex(out, bytes);
-        out.push('"');
-    };
     out.push('{');
     match write {
         Write::Claim(claim) => {
-            hex_field(out, "k", claim.key.as_bytes());
-            out.push(',');
-            hex_field(out, "f", claim.fingerprint.as_bytes());
+            push_claim_key(out, claim);
             out.push(',');
             hex_field(out, "t", claim.token.as_uuid().as_bytes());
             let _ = write!(
