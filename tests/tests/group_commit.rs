@@ -14,7 +14,7 @@ use axum::{body::Body, extract::State, routing::post, Router};
 use fault_proxy::{CutPoint, FaultProxy};
 use futures_util::future::join_all;
 use http::{Request, StatusCode};
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tower::ServiceExt;
 use tower_idempotency::{
     store::{
@@ -29,6 +29,27 @@ use tower_idempotency_tests::{
     },
     fresh_postgres_database, fresh_postgres_pool, fresh_sqlite_pool,
 };
+
+/// A fresh, migrated PostgreSQL database behind a fault proxy: the proxy, a pool that reaches
+/// the database directly (to look at what the store wrote), and the options that reach it
+/// through the proxy.
+async fn migrated_behind_a_proxy() -> (FaultProxy, sqlx::PgPool, PgConnectOptions) {
+    let options = fresh_postgres_database().await;
+    let target = tokio::net::lookup_host(format!("{}:{}", options.get_host(), options.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = FaultProxy::start(target).await.unwrap();
+    let direct = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    PostgresStore::new(direct.clone()).migrate().await.unwrap();
+    let through_proxy = options.host("127.0.0.1").port(proxy.addr().port());
+    (proxy, direct, through_proxy)
+}
 
 /// A store whose batch statistics the tests read.
 trait Batched: Store + Clone {
@@ -415,23 +436,11 @@ async fn sqlite_a_thousand_requests_over_a_hundred_keys() {
 /// holds the key, and the keys the database did claim are free again once their lease passes.
 #[tokio::test]
 async fn postgres_a_connection_cut_mid_batch_fails_every_entry_and_holds_no_key_past_its_lease() {
-    let options = fresh_postgres_database().await;
-    let target = tokio::net::lookup_host(format!("{}:{}", options.get_host(), options.get_port()))
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = FaultProxy::start(target).await.unwrap();
-    let direct = PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(options.clone())
-        .await
-        .unwrap();
-    PostgresStore::new(direct.clone()).migrate().await.unwrap();
+    let (proxy, direct, through_proxy) = migrated_behind_a_proxy().await;
     let proxied = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy_with(options.host("127.0.0.1").port(proxy.addr().port()));
+        .connect_lazy_with(through_proxy);
     let store = PostgresStore::new(proxied);
     let claims: Vec<_> = (0..20)
         .map(|n| claim_of(random_key(), &format!("cut {n}"), SHORT, DAY))
@@ -482,22 +491,10 @@ async fn postgres_a_connection_cut_mid_batch_fails_every_entry_and_holds_no_key_
 /// exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_requests_queued_behind_a_hung_batch_get_503_and_leave_no_claim() {
-    let options = fresh_postgres_database().await;
-    let target = tokio::net::lookup_host(format!("{}:{}", options.get_host(), options.get_port()))
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = FaultProxy::start(target).await.unwrap();
-    let direct = PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(options.clone())
-        .await
-        .unwrap();
-    PostgresStore::new(direct.clone()).migrate().await.unwrap();
+    let (proxy, direct, through_proxy) = migrated_behind_a_proxy().await;
     let proxied = PgPoolOptions::new()
         .max_connections(4)
-        .connect_lazy_with(options.host("127.0.0.1").port(proxy.addr().port()));
+        .connect_lazy_with(through_proxy);
     let store = PostgresStore::with_batching(
         proxied,
         Batching::default().timeout(Duration::from_millis(600)),
@@ -553,22 +550,10 @@ async fn postgres_requests_queued_behind_a_hung_batch_get_503_and_leave_no_claim
 /// likewise share one read. Counted on the wire, through a proxy.
 #[tokio::test]
 async fn postgres_many_claims_of_one_key_share_one_statement() {
-    let options = fresh_postgres_database().await;
-    let target = tokio::net::lookup_host(format!("{}:{}", options.get_host(), options.get_port()))
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = FaultProxy::start(target).await.unwrap();
-    let direct = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options.clone())
-        .await
-        .unwrap();
-    PostgresStore::new(direct).migrate().await.unwrap();
+    let (proxy, _, through_proxy) = migrated_behind_a_proxy().await;
     let proxied = PgPoolOptions::new()
         .max_connections(2)
-        .connect_lazy_with(options.host("127.0.0.1").port(proxy.addr().port()));
+        .connect_lazy_with(through_proxy);
     let store = PostgresStore::new(proxied);
     // Opens the batch connection, so the counts below are statements only.
     let warm = claim_of(random_key(), "warm", LONG, DAY);
