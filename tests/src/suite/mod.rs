@@ -642,6 +642,7 @@ mod tests {
         let listed: BTreeSet<String> = [
             super::BEHAVIOURS,
             super::transactional::TRANSACTIONAL,
+            super::transactional::TRANSACTIONAL_DEFERRED,
             super::store_down::STORE_DOWN,
         ]
         .concat()

@@ -5,14 +5,27 @@
 use super::*;
 
 /// Instantiate every transactional behaviour in the calling module against a fresh SQL store made
-/// by `$store` (an expression, evaluated inside the test).
+/// by `$store` (an expression, evaluated inside the test); `deferred` adds the behaviours of a
+/// database with deferred constraints.
 #[macro_export]
 macro_rules! transactional_tests {
     ($store:expr) => {
         $crate::transactional_tests!(@list [tests $store]);
     };
+    ($store:expr, deferred) => {
+        $crate::transactional_tests!(@list [tests $store]);
+        $crate::transactional_tests!(@deferred [tests $store]);
+    };
     (@names) => {
         $crate::transactional_tests!(@list [names])
+    };
+    (@deferred_names) => {
+        $crate::transactional_tests!(@deferred [names])
+    };
+    (@deferred $mode:tt) => {
+        $crate::transactional_tests! {@expand $mode;
+            transactional_failed_commit_rolls_back_and_frees_the_key,
+        }
     };
     (@list $mode:tt) => {
         $crate::transactional_tests! {@expand $mode;
@@ -21,6 +34,8 @@ macro_rules! transactional_tests {
             transactional_without_begin_is_saved,
             transactional_lease_lost_rolls_back_with_409,
             transactional_panic_rolls_back_and_releases,
+            transactional_large_answer_commits_with_its_row,
+            transactional_connections_stay_usable_after_each_ending,
         }
     };
     (@expand [names]; $($name:ident),+ $(,)?) => {
@@ -45,6 +60,9 @@ macro_rules! transactional_tests {
 /// The transactional behaviours, by name.
 pub const TRANSACTIONAL: &[&str] = crate::transactional_tests!(@names);
 
+/// The transactional behaviours of a database with deferred constraints, by name.
+pub const TRANSACTIONAL_DEFERRED: &[&str] = crate::transactional_tests!(@deferred_names);
+
 /// A `widgets` table the transactional handlers write to, for each SQL database.
 pub trait Widgets: sqlx::Database {
     /// Create the table.
@@ -54,6 +72,15 @@ pub trait Widgets: sqlx::Database {
         tx: &IdempotencyTransaction<Self>,
         note: &str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    /// Insert, in the handler's idempotency transaction, a row whose foreign key is checked only
+    /// at `COMMIT` (a deferred constraint) and has no parent: the statement succeeds, the
+    /// `COMMIT` fails. `None` where the database has no deferred constraints (MySQL).
+    fn insert_orphan(
+        tx: &IdempotencyTransaction<Self>,
+    ) -> Option<impl Future<Output = Result<(), sqlx::Error>> + Send> {
+        let _ = tx;
+        None::<std::future::Ready<Result<(), sqlx::Error>>>
+    }
     /// How many rows the table holds (committed ones).
     fn count(pool: &sqlx::Pool<Self>) -> impl Future<Output = i64> + Send;
     /// Simulate a takeover of every running record behind the holder's back: a new token and a
@@ -63,9 +90,30 @@ pub trait Widgets: sqlx::Database {
 
 const CREATE_WIDGETS: &str = "CREATE TABLE widgets (note TEXT NOT NULL)";
 
+/// Parents and children whose foreign key is checked at `COMMIT` (PostgreSQL, SQLite; sqlx
+/// turns SQLite's foreign keys on).
+const CREATE_DEFERRED: &str = "CREATE TABLE parents (id INTEGER PRIMARY KEY); \
+    CREATE TABLE children (parent INTEGER NOT NULL \
+    REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)";
+
+/// A child without a parent: accepted until the `COMMIT`.
+const INSERT_ORPHAN: &str = "INSERT INTO children (parent) VALUES (42)";
+
 impl Widgets for sqlx::Postgres {
     async fn create_table(pool: &sqlx::PgPool) {
         sqlx::query(CREATE_WIDGETS).execute(pool).await.unwrap();
+        sqlx::raw_sql(CREATE_DEFERRED).execute(pool).await.unwrap();
+    }
+
+    fn insert_orphan(
+        tx: &IdempotencyTransaction<Self>,
+    ) -> Option<impl Future<Output = Result<(), sqlx::Error>> + Send> {
+        let tx = tx.clone();
+        Some(async move {
+            let mut tx = tx.begin().await?;
+            sqlx::query(INSERT_ORPHAN).execute(&mut *tx).await?;
+            Ok(())
+        })
     }
 
     async fn insert(tx: &IdempotencyTransaction<Self>, note: &str) -> Result<(), sqlx::Error> {
@@ -99,6 +147,18 @@ impl Widgets for sqlx::Postgres {
 impl Widgets for sqlx::Sqlite {
     async fn create_table(pool: &sqlx::SqlitePool) {
         sqlx::query(CREATE_WIDGETS).execute(pool).await.unwrap();
+        sqlx::raw_sql(CREATE_DEFERRED).execute(pool).await.unwrap();
+    }
+
+    fn insert_orphan(
+        tx: &IdempotencyTransaction<Self>,
+    ) -> Option<impl Future<Output = Result<(), sqlx::Error>> + Send> {
+        let tx = tx.clone();
+        Some(async move {
+            let mut tx = tx.begin().await?;
+            sqlx::query(INSERT_ORPHAN).execute(&mut *tx).await?;
+            Ok(())
+        })
     }
 
     async fn insert(tx: &IdempotencyTransaction<Self>, note: &str) -> Result<(), sqlx::Error> {
@@ -166,7 +226,8 @@ impl Widgets for sqlx::MySql {
 /// after. `POST /tx/write`: writes a row, 201. `POST /tx/none`: never begins the transaction, 201.
 /// `POST /tx/panic`: writes a row, then panics on its first execution; 201 after.
 /// `POST /tx/stolen`: on its first execution, its record is taken over behind its back before
-/// it writes its row; 201.
+/// it writes its row; 201. `POST /tx/orphan`: on its first execution, also writes a row that
+/// fails the `COMMIT` ([`Widgets::insert_orphan`]); 201.
 fn tx_routes<DB: Widgets>(state: AppRef, pool: sqlx::Pool<DB>) -> Router {
     async fn write<DB: Widgets>(
         State((state, pool)): State<(AppRef, sqlx::Pool<DB>)>,
@@ -181,6 +242,13 @@ fn tx_routes<DB: Widgets>(state: AppRef, pool: sqlx::Pool<DB>) -> Router {
         }
         if what == "stolen" && n == 1 {
             DB::steal_running(&pool).await;
+        }
+        if what == "orphan" && n == 1 {
+            if let Some(orphan) = DB::insert_orphan(&tx) {
+                if let Err(err) = orphan.await {
+                    return (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response();
+                }
+            }
         }
         if let Err(err) = DB::insert(&tx, key.as_str()).await {
             return (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response();
@@ -321,4 +389,88 @@ where
         .await
         .assert_replay_of(&retry);
     assert_eq!(server.state.executions(), 2);
+}
+
+/// Transactional mode: an answer too large to be written into the save's statement as text
+/// (over 64 KiB here) is saved as parameters, commits with the handler's row and is replayed.
+pub async fn transactional_large_answer_commits_with_its_row<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_transactional(store).await;
+    let large = format!(
+        r#"{{"customerId":"c_1","note":"{}"}}"#,
+        "x".repeat(100 * 1024)
+    );
+    let first = send(server.post_key("/tx/write", "tx-large", &large)).await;
+    first.assert_executed(StatusCode::CREATED, 1);
+    assert!(
+        first.body.len() > 100 * 1024,
+        "the answer echoes the request"
+    );
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    send(server.post_key("/tx/write", "tx-large", &large))
+        .await
+        .assert_replay_of(&first);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+}
+
+/// Transactional mode: after a fenced-out save (rolled back) and many commits in a row, every
+/// connection the pool hands out still begins, saves and commits: no transaction is left open
+/// or counted wrong on a connection that went back to the pool.
+pub async fn transactional_connections_stay_usable_after_each_ending<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    const KEYS: usize = 12;
+    let (server, pool) = serve_transactional(store).await;
+    send(server.post_key("/tx/stolen", "tx-seq-stolen", ORDER))
+        .await
+        .assert_in_flight();
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 0);
+    for i in 0..KEYS {
+        let key = format!("tx-seq-{i}");
+        let first = send(server.post_key("/tx/write", &key, ORDER)).await;
+        first.assert_executed(StatusCode::CREATED, i as u64 + 2);
+        send(server.post_key("/tx/write", &key, ORDER))
+            .await
+            .assert_replay_of(&first);
+    }
+    let burst =
+        (0..KEYS).map(|i| send(server.post_key("/tx/write", &format!("tx-burst-{i}"), ORDER)));
+    for reply in futures_util::future::join_all(burst).await {
+        assert_eq!(reply.status, StatusCode::CREATED, "body: {:?}", reply.body);
+    }
+    assert_eq!(
+        <St::Database as Widgets>::count(&pool).await,
+        2 * KEYS as i64,
+        "every committed answer has its row, and no other row"
+    );
+}
+
+/// Transactional mode, where constraints can be deferred (PostgreSQL, SQLite): a `COMMIT` that
+/// fails after the save applied rolls the row and the answer back together, answers an error,
+/// and frees the key; the retry runs again on the same pool and commits once.
+pub async fn transactional_failed_commit_rolls_back_and_frees_the_key<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_transactional(store).await;
+    let failed = send(server.post_key("/tx/orphan", "tx-orphan", ORDER)).await;
+    assert!(
+        failed.status.is_server_error(),
+        "a failed COMMIT answered {}: {:?}",
+        failed.status,
+        failed.body
+    );
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 0);
+    let retry = send(server.post_key("/tx/orphan", "tx-orphan", ORDER)).await;
+    retry.assert_executed(StatusCode::CREATED, 2);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    send(server.post_key("/tx/orphan", "tx-orphan", ORDER))
+        .await
+        .assert_replay_of(&retry);
 }

@@ -237,7 +237,7 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
 /// Save the response in the handler's transaction, checked against the token, then commit; a
 /// record taken over in the meantime rolls the work back instead.
 async fn save_and_commit<St: TransactionalStore>(
-    mut tx: sqlx::Transaction<'static, St::Database>,
+    tx: sqlx::Transaction<'static, St::Database>,
     save: Save<'_, St>,
 ) -> Result<Fenced, StoreError> {
     let Save {
@@ -249,21 +249,12 @@ async fn save_and_commit<St: TransactionalStore>(
     } = save;
     // A timeout drops the transaction, which rolls it back unless the COMMIT already landed:
     // either way the work and the saved answer stay together.
-    let saved = bounded(
-        "the save in the transaction",
+    bounded(
+        "the save and commit in the transaction",
         limit,
-        store.complete_in(&mut tx, key, token, response),
-    );
-    match saved.await? {
-        Fenced::Applied => {
-            bounded("the commit", limit, async { Ok(tx.commit().await?) }).await?;
-            Ok(Fenced::Applied)
-        }
-        Fenced::Lost => {
-            bounded("the rollback", limit, async { Ok(tx.rollback().await?) }).await?;
-            Ok(Fenced::Lost)
-        }
-    }
+        store.complete_and_commit(tx, key, token, response),
+    )
+    .await
 }
 
 #[cfg(feature = "axum")]

@@ -224,4 +224,44 @@ pub trait TransactionalStore: Store {
         token: FencingToken,
         response: &StoredResponse,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+
+    /// Save the response in the handler's transaction, token-checked, and end the transaction:
+    /// commit when the save applied, roll back (the handler's work with it) when the token no
+    /// longer holds the record ([`Fenced::Lost`]).
+    ///
+    /// The default runs [`complete_in`](Self::complete_in), then `COMMIT` or `ROLLBACK`: two
+    /// round trips. PostgreSQL and SQLite send the save and the commit as one statement list,
+    /// whose save fails on purpose when the token no longer matches, so the `COMMIT` after it
+    /// never runs for a holder that lost its lease.
+    #[doc(hidden)]
+    fn complete_and_commit(
+        &self,
+        tx: sqlx::Transaction<'static, Self::Database>,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
+        complete_then_commit(self, tx, key, token, response)
+    }
+}
+
+/// [`TransactionalStore::complete_in`], then `COMMIT` if it applied or `ROLLBACK` if not.
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub(crate) async fn complete_then_commit<St: TransactionalStore + ?Sized>(
+    store: &St,
+    mut tx: sqlx::Transaction<'static, St::Database>,
+    key: &KeyHash,
+    token: FencingToken,
+    response: &StoredResponse,
+) -> Result<Fenced, StoreError> {
+    match store.complete_in(&mut tx, key, token, response).await? {
+        Fenced::Applied => {
+            tx.commit().await?;
+            Ok(Fenced::Applied)
+        }
+        Fenced::Lost => {
+            tx.rollback().await?;
+            Ok(Fenced::Lost)
+        }
+    }
 }

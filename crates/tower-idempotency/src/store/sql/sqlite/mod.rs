@@ -95,6 +95,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use futures_util::TryStreamExt;
 use sqlx::sqlite::{Sqlite, SqlitePool};
 use tokio::{sync::Mutex, time::Instant};
 
@@ -323,6 +324,68 @@ impl TransactionalStore for SqliteStore {
         let fenced = complete_on(&self.inner.queries, &mut **tx, key, token, response).await?;
         Ok(sql::announce(&self.inner.waiters, key, fenced))
     }
+
+    /// The save and the `COMMIT` in one statement list: one hop to the connection's thread while
+    /// the transaction holds the write lock and the writer queue, instead of two. After the save,
+    /// a `SELECT` overflows `abs` unless it changed one record, so for a token that no longer
+    /// holds the record the `COMMIT` never runs and the transaction is rolled back. The list ends
+    /// with a `BEGIN`, so the transaction sqlx still holds open is an empty deferred one (no
+    /// lock), rolled back when it is dropped, without a wait.
+    async fn complete_and_commit(
+        &self,
+        mut tx: sqlx::Transaction<'static, Sqlite>,
+        key: &KeyHash,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<Fenced, StoreError> {
+        if !sql::text::fits_inline(response) {
+            return crate::store::complete_then_commit(self, tx, key, token, response).await;
+        }
+        let list = queries::complete_and_commit_text(&self.inner.table, key, token, response);
+        let (saved, ended) = {
+            let mut results = sqlx::raw_sql(sqlx::AssertSqlSafe(list)).execute_many(&mut *tx);
+            let saved = results
+                .try_next()
+                .await
+                .map(|save| save.is_some_and(|save| save.rows_affected() == 1));
+            let ended = async {
+                while results.try_next().await?.is_some() {}
+                Ok::<_, sqlx::Error>(())
+            };
+            match saved {
+                Ok(saved) => (saved, ended.await),
+                Err(err) => (false, Err(err)),
+            }
+        };
+        match ended {
+            Ok(()) => {
+                let fenced = if saved { Fenced::Applied } else { Fenced::Lost };
+                Ok(sql::announce(&self.inner.waiters, key, fenced))
+            }
+            Err(err) => {
+                roll_back_whatever_state(tx).await?;
+                if saved {
+                    Err(err.into())
+                } else {
+                    Ok(Fenced::Lost)
+                }
+            }
+        }
+    }
+}
+
+/// Roll back a transaction whose statement list failed: inside the transaction (the save's
+/// check failed), or after a `COMMIT` that failed and may have ended it. sqlx still counts it
+/// open either way, so a `BEGIN` after a `ROLLBACK` that found nothing to end gives its own
+/// rollback a transaction to end, and the connection goes back to the pool as it came.
+async fn roll_back_whatever_state(
+    mut tx: sqlx::Transaction<'static, Sqlite>,
+) -> Result<(), StoreError> {
+    // Fails only when the failure already ended the transaction.
+    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await;
+    sqlx::raw_sql("BEGIN").execute(&mut *tx).await?;
+    tx.rollback().await?;
+    Ok(())
 }
 
 impl Inner {

@@ -1,6 +1,14 @@
 //! The SQL of the SQLite store, one statement per operation. Parameters are numbered (`?1`),
 //! and the clock is SQLite's: `julianday('now')` in milliseconds since the Unix epoch.
 
+use crate::{
+    key::KeyHash,
+    store::{
+        record::{FencingToken, StoredResponse},
+        sql::{text, TableName},
+    },
+};
+
 /// The text of [`LIVE_MANY`], which [`BATCH`] runs too: the claims are the array `c` of the one
 /// JSON parameter.
 macro_rules! live_many {
@@ -127,6 +135,25 @@ UPDATE idempotency_records
 SET state = 'done', status = ?3, headers = ?4, body = ?5
 WHERE key = ?1 AND token = ?2 AND state = 'running'
 "#;
+
+/// [`COMPLETE`] with its values written in, then the check that it saved one record, the
+/// `COMMIT`, and a `BEGIN` (see `SqliteStore::complete_and_commit`). `abs` of the smallest
+/// integer is SQLite's documented integer-overflow error: the check fails the list before the
+/// `COMMIT` unless the save changed one record.
+pub(super) fn complete_and_commit_text(
+    table: &TableName,
+    key: &KeyHash,
+    token: FencingToken,
+    response: &StoredResponse,
+) -> String {
+    let mut sql = text::complete(&text::SQLITE, table, key, token, response, ";\n");
+    sql.push_str(
+        "SELECT abs(CASE WHEN changes() = 1 THEN 0 ELSE -9223372036854775807 - 1 END);\n\
+         COMMIT;\n\
+         BEGIN",
+    );
+    sql
+}
 
 /// Delete the running record held with the token.
 pub(super) const RELEASE: &str = r#"
