@@ -391,8 +391,8 @@ where
     assert_eq!(server.state.executions(), 2);
 }
 
-/// Transactional mode: an answer too large to be written into the save's statement as text
-/// (over 64 KiB here) is saved as parameters, commits with the handler's row and is replayed.
+/// Transactional mode: a large answer (over 100 KiB) is saved in the handler's transaction,
+/// commits with its row and is replayed.
 pub async fn transactional_large_answer_commits_with_its_row<St>(store: St)
 where
     St: TransactionalStore,

@@ -230,9 +230,9 @@ pub trait TransactionalStore: Store {
     /// longer holds the record ([`Fenced::Lost`]).
     ///
     /// The default runs [`complete_in`](Self::complete_in), then `COMMIT` or `ROLLBACK`: two
-    /// round trips. PostgreSQL and SQLite send the save and the commit as one statement list,
-    /// whose save fails on purpose when the token no longer matches, so the `COMMIT` after it
-    /// never runs for a holder that lost its lease.
+    /// round trips. SQLite sends the save and the commit as one statement list, whose check
+    /// fails on purpose when the token no longer matches, so the `COMMIT` after it never runs
+    /// for a holder that lost its lease.
     #[doc(hidden)]
     fn complete_and_commit(
         &self,

@@ -204,7 +204,6 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub(super) mod table;
-pub(super) mod text;
 
 /// The per-key wake-ups of the SQL stores.
 pub(super) type Waiters = crate::store::waiters::Waiters<KeyHash>;

@@ -5,10 +5,10 @@
 //! differ, the comment says which form is used and why.
 
 use crate::{
-    key::KeyHash,
+    key::{self, KeyHash},
     store::{
         record::{FencingToken, StoredResponse},
-        sql::{text, TableName},
+        sql::TableName,
     },
 };
 
@@ -95,7 +95,30 @@ pub(super) fn complete_text(
     token: FencingToken,
     response: &StoredResponse,
 ) -> String {
-    text::complete(&text::MYSQL, table, key, token, response, "")
+    let headers = response.encode_headers();
+    let capacity = 160 + table.as_str().len() + 2 * (headers.len() + response.body.len());
+    let mut sql = String::with_capacity(capacity);
+    sql.push_str("UPDATE ");
+    sql.push_str(table.as_str());
+    sql.push_str(" SET state = 'done', status = ");
+    sql.push_str(&response.status.as_u16().to_string());
+    sql.push_str(", headers = ");
+    push_hex(&mut sql, &headers);
+    sql.push_str(", body = ");
+    push_hex(&mut sql, &response.body);
+    sql.push_str(" WHERE `key` = ");
+    push_hex(&mut sql, key.as_bytes());
+    sql.push_str(" AND token = ");
+    push_hex(&mut sql, token.as_uuid().as_bytes());
+    sql.push_str(" AND state = 'running'");
+    sql
+}
+
+/// `bytes` as a MySQL hex literal, `X'..'` (`X''` is the empty string, a valid empty body).
+fn push_hex(sql: &mut String, bytes: &[u8]) {
+    sql.push_str("X'");
+    key::push_hex(sql, bytes);
+    sql.push('\'');
 }
 
 /// Delete the running record held with the token.

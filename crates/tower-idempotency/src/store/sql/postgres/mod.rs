@@ -361,38 +361,6 @@ impl TransactionalStore for PostgresStore {
     ) -> Result<Fenced, StoreError> {
         complete_on(&self.inner.queries, tx, key, token, response).await
     }
-
-    /// The save, its notification and the `COMMIT` in one simple query: one round trip. The
-    /// statement divides by the number of records it saved, so a token that no longer holds the
-    /// record fails it (`division_by_zero`), the `COMMIT` after it does not run, and the
-    /// transaction is rolled back. The list ends with a `BEGIN`, so the transaction sqlx still
-    /// holds open is an empty one, whose `ROLLBACK` goes out with the connection's return to
-    /// the pool.
-    async fn complete_and_commit(
-        &self,
-        mut tx: sqlx::Transaction<'static, Postgres>,
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<Fenced, StoreError> {
-        if !sql::text::fits_inline(response) {
-            return crate::store::complete_then_commit(self, tx, key, token, response).await;
-        }
-        let save = queries::complete_and_commit_text(&self.inner.table, key, token, response);
-        match sqlx::raw_sql(sqlx::AssertSqlSafe(save))
-            .execute(&mut *tx)
-            .await
-        {
-            Ok(_) => Ok(Fenced::Applied),
-            Err(err) if queries::fenced_out(&err) => {
-                tx.rollback().await?;
-                Ok(Fenced::Lost)
-            }
-            // The transaction is aborted, or ended by its failed COMMIT: dropping it rolls back
-            // (a `ROLLBACK` outside a transaction is a warning).
-            Err(err) => Err(err.into()),
-        }
-    }
 }
 
 /// The one-key `COMPLETE` on a connection (inside the handler's transaction), then the

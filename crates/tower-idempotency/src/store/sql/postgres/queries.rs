@@ -1,15 +1,6 @@
 //! The SQL of the PostgreSQL store, one statement per operation (the batched forms are in
 //! `batch.rs`). Parameters are numbered (`$1`), and each statement's comment says what it binds.
 
-use super::CHANNEL;
-use crate::{
-    key::{self, KeyHash},
-    store::{
-        record::{FencingToken, StoredResponse},
-        sql::{text, TableName},
-    },
-};
-
 /// The upsert of a claim (`INSERT INTO idempotency_records AS r .. ON CONFLICT`): a record
 /// that expired is claimed afresh (any fingerprint, new `created_at` and expiry); one running
 /// with a lapsed lease and the same fingerprint is taken over (new token and lease, original
@@ -144,47 +135,6 @@ SET state = 'done', status = $3, headers = $4, body = $5
 WHERE key = $1 AND token = $2 AND state = 'running'
 RETURNING watched
 "#;
-
-/// [`COMPLETE`] with its values written in, its notification, and the `COMMIT`, as one simple
-/// query (see `PostgresStore::complete_and_commit`). The `SELECT` divides by the number of
-/// records saved: a token that no longer matches fails it with `division_by_zero`
-/// ([`fenced_out`]) before the `COMMIT`. The trailing `BEGIN` leaves sqlx's transaction open on
-/// an empty one.
-pub(super) fn complete_and_commit_text(
-    table: &TableName,
-    key: &KeyHash,
-    token: FencingToken,
-    response: &StoredResponse,
-) -> String {
-    let save = text::complete(
-        &text::POSTGRES,
-        table,
-        key,
-        token,
-        response,
-        " RETURNING watched",
-    );
-    let mut sql = String::with_capacity(save.len() + 320);
-    sql.push_str("WITH saved AS (");
-    sql.push_str(&save);
-    sql.push_str("), notified AS (SELECT pg_notify('");
-    sql.push_str(CHANNEL);
-    sql.push_str("', '");
-    key::push_hex(&mut sql, key.as_bytes());
-    sql.push_str(
-        "') FROM saved WHERE watched) \
-         SELECT 1 / (SELECT count(*)::int FROM saved) + 0 * (SELECT count(*)::int FROM notified); \
-         COMMIT; BEGIN",
-    );
-    sql
-}
-
-/// Whether `err` is [`complete_and_commit_text`]'s refusal: the token did not hold the record.
-pub(super) fn fenced_out(err: &sqlx::Error) -> bool {
-    err.as_database_error()
-        .and_then(|db| db.code())
-        .is_some_and(|code| code == "22012")
-}
 
 /// Delete the running record held with the token; one row if the token matched, telling
 /// whether a waiter watches the record.

@@ -325,12 +325,13 @@ impl TransactionalStore for SqliteStore {
         Ok(sql::announce(&self.inner.waiters, key, fenced))
     }
 
-    /// The save and the `COMMIT` in one statement list: one hop to the connection's thread while
-    /// the transaction holds the write lock and the writer queue, instead of two. After the save,
-    /// a `SELECT` overflows `abs` unless it changed one record, so for a token that no longer
-    /// holds the record the `COMMIT` never runs and the transaction is rolled back. The list ends
-    /// with a `BEGIN`, so the transaction sqlx still holds open is an empty deferred one (no
-    /// lock), rolled back when it is dropped, without a wait.
+    /// The save and the `COMMIT` in one statement list, prepared once per connection: one hop
+    /// to the connection's thread while the transaction holds the write lock and the writer
+    /// queue, instead of two. After the save, a `SELECT` overflows `abs` unless it changed one
+    /// record, so for a token that no longer holds the record the `COMMIT` never runs and the
+    /// transaction is rolled back. The list ends with a `BEGIN`, so the transaction sqlx still
+    /// holds open is an empty deferred one (no lock), rolled back when it is dropped, without a
+    /// wait.
     async fn complete_and_commit(
         &self,
         mut tx: sqlx::Transaction<'static, Sqlite>,
@@ -338,37 +339,35 @@ impl TransactionalStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        if !sql::text::fits_inline(response) {
-            return crate::store::complete_then_commit(self, tx, key, token, response).await;
-        }
-        let list = queries::complete_and_commit_text(&self.inner.table, key, token, response);
-        let (saved, ended) = {
-            let mut results = sqlx::raw_sql(sqlx::AssertSqlSafe(list)).execute_many(&mut *tx);
-            let saved = results
-                .try_next()
-                .await
-                .map(|save| save.is_some_and(|save| save.rows_affected() == 1));
-            let ended = async {
-                while results.try_next().await?.is_some() {}
-                Ok::<_, sqlx::Error>(())
-            };
-            match saved {
-                Ok(saved) => (saved, ended.await),
-                Err(err) => (false, Err(err)),
+        let list = sqlx::query_with(
+            self.inner.queries.complete_and_commit.clone(),
+            Codec::complete(key, token, response)?,
+        );
+        let saved = async {
+            let mut rows = list.fetch(&mut *tx);
+            // The save's row when it saved; otherwise the check fails the list.
+            match rows.try_next().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return Err(sqlx::Error::RowNotFound),
+                Err(sqlx::Error::Database(err)) if err.message() == queries::FENCED_OUT => {
+                    return Ok(false)
+                }
+                Err(err) => return Err(err),
             }
-        };
-        match ended {
-            Ok(()) => {
-                let fenced = if saved { Fenced::Applied } else { Fenced::Lost };
-                Ok(sql::announce(&self.inner.waiters, key, fenced))
+            // The check's row, then the COMMIT and the BEGIN.
+            while rows.try_next().await?.is_some() {}
+            Ok(true)
+        }
+        .await;
+        match saved {
+            Ok(true) => Ok(sql::announce(&self.inner.waiters, key, Fenced::Applied)),
+            Ok(false) => {
+                roll_back_whatever_state(tx).await?;
+                Ok(Fenced::Lost)
             }
             Err(err) => {
                 roll_back_whatever_state(tx).await?;
-                if saved {
-                    Err(err.into())
-                } else {
-                    Ok(Fenced::Lost)
-                }
+                Err(err.into())
             }
         }
     }

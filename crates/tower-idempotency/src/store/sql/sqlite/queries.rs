@@ -1,14 +1,6 @@
 //! The SQL of the SQLite store, one statement per operation. Parameters are numbered (`?1`),
 //! and the clock is SQLite's: `julianday('now')` in milliseconds since the Unix epoch.
 
-use crate::{
-    key::KeyHash,
-    store::{
-        record::{FencingToken, StoredResponse},
-        sql::{text, TableName},
-    },
-};
-
 /// The text of [`LIVE_MANY`], which [`BATCH`] runs too: the claims are the array `c` of the one
 /// JSON parameter.
 macro_rules! live_many {
@@ -136,24 +128,22 @@ SET state = 'done', status = ?3, headers = ?4, body = ?5
 WHERE key = ?1 AND token = ?2 AND state = 'running'
 "#;
 
-/// [`COMPLETE`] with its values written in, then the check that it saved one record, the
-/// `COMMIT`, and a `BEGIN` (see `SqliteStore::complete_and_commit`). `abs` of the smallest
-/// integer is SQLite's documented integer-overflow error: the check fails the list before the
-/// `COMMIT` unless the save changed one record.
-pub(super) fn complete_and_commit_text(
-    table: &TableName,
-    key: &KeyHash,
-    token: FencingToken,
-    response: &StoredResponse,
-) -> String {
-    let mut sql = text::complete(&text::SQLITE, table, key, token, response, ";\n");
-    sql.push_str(
-        "SELECT abs(CASE WHEN changes() = 1 THEN 0 ELSE -9223372036854775807 - 1 END);\n\
-         COMMIT;\n\
-         BEGIN",
-    );
-    sql
-}
+/// [`COMPLETE`], then the check that it saved one record, the `COMMIT`, and a `BEGIN`, as one
+/// statement list (see `SqliteStore::complete_and_commit`); binds as [`COMPLETE`] does, all in
+/// its first statement. `abs` of the smallest integer is SQLite's documented integer-overflow
+/// error: the check fails the list before the `COMMIT` unless the save changed one record.
+pub(super) const COMPLETE_AND_COMMIT: &str = r#"
+UPDATE idempotency_records
+SET state = 'done', status = ?3, headers = ?4, body = ?5
+WHERE key = ?1 AND token = ?2 AND state = 'running'
+RETURNING 1;
+SELECT abs(CASE WHEN changes() = 1 THEN 0 ELSE -9223372036854775807 - 1 END);
+COMMIT;
+BEGIN;
+"#;
+
+/// The message of [`COMPLETE_AND_COMMIT`]'s check when the save changed nothing.
+pub(super) const FENCED_OUT: &str = "integer overflow";
 
 /// Delete the running record held with the token.
 pub(super) const RELEASE: &str = r#"
@@ -210,6 +200,7 @@ statements! {
     struct Queries {
         live_many: LIVE_MANY,
         complete: COMPLETE,
+        complete_and_commit: COMPLETE_AND_COMMIT,
         release: RELEASE,
         sweep: SWEEP,
         check_schema: CHECK_SCHEMA,
