@@ -59,7 +59,10 @@
 //! [`StoreErrorKind::Full`](crate::store::StoreErrorKind::Full), 503); SQLite has one writer, so
 //! write batches never overlap whatever the pipeline setting. [`SqliteStore::batch_stats`] tells
 //! how much the writes shared. In transactional mode the claim is batched, and the handler's own
-//! transaction keeps its turn in the writer queue.
+//! transaction keeps its turn in the writer queue; its save and its `COMMIT` go to the
+//! connection's thread as one prepared statement list, so the transaction holds the queue for one
+//! hop fewer (the list's check fails it before the `COMMIT` when the token no longer holds the
+//! record, and the transaction rolls back).
 //!
 //! The batch uses `json_each`, `->>` and `unhex`: SQLite 3.41 or newer, which the SQLite that
 //! sqlx bundles is.
