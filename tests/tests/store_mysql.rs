@@ -1,8 +1,8 @@
 //! What only the MySQL store does, against the real server at `MYSQL_URL` (MariaDB 10.11 in
-//! CI): the claim's outcome travels in the insert id, and MySQL's error numbers are sorted into
-//! the store's error kinds, from errors the server really raises (a deadlock, a lock wait
-//! timeout, a value too long). The contract every store shares is in `store_contract.rs`, run
-//! there at READ COMMITTED and REPEATABLE READ.
+//! CI): the claim's outcome travels in the insert id, the claims' reads are batched, and MySQL's
+//! error numbers are sorted into the store's error kinds, from errors the server really raises
+//! (a deadlock, a lock wait timeout, a value too long). The contract every store shares is in
+//! `store_contract.rs`, run there at READ COMMITTED and REPEATABLE READ.
 //!
 //! Run with `MYSQL_URL` set (see `scripts/test.sh`).
 
@@ -15,15 +15,22 @@ use std::{
 };
 
 use axum::{body::Body, routing::post, Router};
+use futures_util::future::join_all;
 use http::{Request, StatusCode};
 use sqlx::{mysql::MySqlPoolOptions, Connection, Executor, MySqlConnection, MySqlPool};
 use tower::ServiceExt;
 use tower_idempotency::{
-    store::{mysql::MySqlStore, ClaimOutcome, Store, StoreError, StoreErrorKind},
-    Idempotency,
+    store::{
+        mysql::MySqlStore, BatchStats, Batching, Claim, ClaimOutcome, Store, StoreError,
+        StoreErrorKind,
+    },
+    Idempotency, KeyHash,
 };
 use tower_idempotency_tests::{
-    contract::{claim_of, claimed, random_key, retry_with_lease, until, DAY, LONG, MARGIN},
+    contract::{
+        bounded, claim_of, claimed, random_key, response, retry_of, retry_with_lease, until, DAY,
+        LONG, MARGIN,
+    },
     fresh_mysql_database, fresh_mysql_pool, Isolation,
 };
 
@@ -88,6 +95,233 @@ async fn racing_inserts_of_new_keys_have_one_winner_at_both_isolation_levels() {
             assert_eq!(winners, 1, "{isolation:?}");
         }
     }
+}
+
+/// Expire the record of `key` now, without waiting for its retention.
+const EXPIRE: &str = "UPDATE idempotency_records SET expires_at = 0 WHERE `key` = ?";
+/// Let the lease of the record of `key` lapse now, without waiting for it.
+const LAPSE: &str = "UPDATE idempotency_records SET lease_until = 0 WHERE `key` = ?";
+
+async fn set_to_zero(pool: &MySqlPool, statement: &'static str, key: &KeyHash) {
+    let done = sqlx::query(statement)
+        .bind(key.as_bytes().as_slice())
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(done.rows_affected(), 1, "{statement}");
+}
+
+/// Records in every state a claim's read tells apart: done (with the saved response), running,
+/// running and bound to another body, expired, and running with a lapsed lease.
+struct Records {
+    done: Claim,
+    running: Claim,
+    bound: Claim,
+    expired: Claim,
+    stale: Claim,
+}
+
+async fn records(store: &MySqlStore) -> Records {
+    let claim = |body| claim_of(random_key(), body, LONG, DAY);
+    let records = Records {
+        done: claim("done"),
+        running: claim("running"),
+        bound: claim("bound"),
+        expired: claim("expired"),
+        stale: claim("stale"),
+    };
+    let r = &records;
+    for setup in [&r.done, &r.running, &r.bound, &r.expired, &r.stale] {
+        assert_eq!(store.claim(setup).await.unwrap(), claimed(false));
+    }
+    let saved = store.complete(&r.done.key, r.done.token, &response()).await;
+    assert!(saved.unwrap().applied());
+    set_to_zero(store.pool(), EXPIRE, &r.expired.key).await;
+    set_to_zero(store.pool(), LAPSE, &r.stale.key).await;
+    records
+}
+
+/// One read batch holding every outcome a claim's read decides, and claims of one key that
+/// differ: each is judged by its own fingerprint. The first claim finds nothing queued and runs
+/// its read alone, holding the read pipeline's one slot; the rest queue meanwhile and share the
+/// next read (polled in order in one task of a current-thread runtime, they are all queued
+/// before the first read's task runs). What the reads leave open is claimed as before.
+#[tokio::test]
+async fn one_read_batch_answers_every_outcome() {
+    bounded("the mixed read batch", async {
+        // No gap locks: the claims the read leaves open cannot deadlock each other.
+        let store = MySqlStore::new(fresh_mysql_pool(8, Isolation::ReadCommitted).await);
+        store.migrate().await.unwrap();
+        let Records {
+            done,
+            running,
+            bound,
+            expired,
+            stale,
+        } = records(&store).await;
+        let twin = claim_of(random_key(), "twin", LONG, DAY);
+        let rival = claim_of(random_key(), "rival", LONG, DAY);
+        let claims = [
+            claim_of(random_key(), "alone", LONG, DAY),
+            retry_of(&done),
+            claim_of(done.key, "another body", LONG, DAY),
+            retry_of(&running),
+            retry_of(&running),
+            claim_of(bound.key, "another body", LONG, DAY),
+            claim_of(expired.key, "a new request", LONG, DAY),
+            retry_of(&stale),
+            claim_of(random_key(), "fresh", LONG, DAY),
+            twin.clone(),
+            retry_of(&twin),
+            rival.clone(),
+            claim_of(rival.key, "another body", LONG, DAY),
+        ];
+        let before = store.batch_stats();
+        let outcomes: Vec<ClaimOutcome> = join_all(claims.iter().map(|claim| store.claim(claim)))
+            .await
+            .into_iter()
+            .map(|outcome| outcome.expect("claim"))
+            .collect();
+        let reads = store.batch_stats() - before;
+        assert_eq!(
+            reads,
+            BatchStats {
+                batches: 2,
+                entries: 13
+            },
+            "one read alone, then one for the rest"
+        );
+        assert_every_outcome(&outcomes);
+    })
+    .await;
+}
+
+/// The outcomes of [`one_read_batch_answers_every_outcome`]'s claims, in order.
+fn assert_every_outcome(outcomes: &[ClaimOutcome]) {
+    let in_flight = |outcome: &ClaimOutcome| matches!(outcome, ClaimOutcome::InFlight { lease_remaining } if *lease_remaining > LONG / 2);
+    assert_eq!(outcomes[0], claimed(false), "the lone claim");
+    assert_eq!(
+        outcomes[1],
+        ClaimOutcome::Done(response()),
+        "the retry replays"
+    );
+    assert_eq!(
+        outcomes[2],
+        ClaimOutcome::Mismatch,
+        "another body for a done key"
+    );
+    assert!(
+        in_flight(&outcomes[3]) && in_flight(&outcomes[4]),
+        "{:?}",
+        &outcomes[3..5]
+    );
+    assert_eq!(
+        outcomes[5],
+        ClaimOutcome::Mismatch,
+        "another body for a running key"
+    );
+    assert_eq!(
+        outcomes[6],
+        claimed(false),
+        "an expired record is claimed afresh"
+    );
+    assert_eq!(outcomes[7], claimed(true), "a lapsed lease is taken over");
+    assert_eq!(outcomes[8], claimed(false), "a new key");
+    let twins = &outcomes[9..11];
+    assert!(
+        twins.contains(&claimed(false)) && twins.iter().any(in_flight),
+        "of two claims of one new key, one claims and the other is in flight: {twins:?}"
+    );
+    let rivals = &outcomes[11..13];
+    assert!(
+        rivals.contains(&claimed(false)) && rivals.contains(&ClaimOutcome::Mismatch),
+        "of two bodies for one new key, one claims and the other is refused: {rivals:?}"
+    );
+}
+
+/// Many concurrent claims over few keys, at both isolation levels, on a small pool (reads and
+/// writes wait for connections): exactly one claim per key wins, the reads share batches, and
+/// once the winners saved, every claim of the same round replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_concurrent_claims_of_few_keys_have_one_winner_per_key() {
+    for isolation in [Isolation::ReadCommitted, Isolation::RepeatableRead] {
+        let store = Arc::new(MySqlStore::with_batching(
+            fresh_mysql_pool(4, isolation).await,
+            Batching::default(),
+        ));
+        store.migrate().await.unwrap();
+        let keys: Vec<Claim> = (0..5)
+            .map(|_| claim_of(random_key(), "hot", LONG, DAY))
+            .collect();
+        let claims: Vec<Claim> = (0..200).map(|i| retry_of(&keys[i % keys.len()])).collect();
+        let before = store.batch_stats();
+        let outcomes = bounded("200 claims", claim_at_once(&store, &claims)).await;
+        let reads = store.batch_stats() - before;
+        assert!(
+            reads.mean_batch() > 1.0,
+            "{isolation:?}: no reads shared a batch: {reads:?}"
+        );
+        for key in &keys {
+            let winner = the_one_winner(key, &claims, &outcomes, isolation);
+            let saved = store.complete(&key.key, winner.token, &response()).await;
+            assert!(saved.unwrap().applied(), "{isolation:?}: the winner saves");
+        }
+        let replays = bounded("200 replays", claim_at_once(&store, &claims)).await;
+        for replay in replays {
+            assert_eq!(
+                replay.expect("replay"),
+                ClaimOutcome::Done(response()),
+                "{isolation:?}"
+            );
+        }
+    }
+}
+
+/// The one claim of `key`'s that won, every other claim of it in flight (or, at REPEATABLE
+/// READ, a deadlock victim, which wrote nothing and which the layer retries).
+fn the_one_winner<'a>(
+    key: &Claim,
+    claims: &'a [Claim],
+    outcomes: &[Result<ClaimOutcome, StoreError>],
+    isolation: Isolation,
+) -> &'a Claim {
+    let mut winners = Vec::new();
+    for (claim, outcome) in claims.iter().zip(outcomes) {
+        if claim.key != key.key {
+            continue;
+        }
+        match outcome {
+            Ok(ClaimOutcome::Claimed { taken_over: false }) => winners.push(claim),
+            Ok(ClaimOutcome::InFlight { .. }) => {}
+            Err(err) if err.kind() == StoreErrorKind::Conflict => {}
+            other => panic!("{isolation:?}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "{isolation:?}: winners of one key");
+    winners[0]
+}
+
+/// Run `claims` at once, each in a task of its own released by one barrier.
+async fn claim_at_once(
+    store: &Arc<MySqlStore>,
+    claims: &[Claim],
+) -> Vec<Result<ClaimOutcome, StoreError>> {
+    let start = Arc::new(tokio::sync::Barrier::new(claims.len()));
+    let tasks: Vec<_> = claims
+        .iter()
+        .map(|claim| {
+            let (store, start, claim) = (store.clone(), start.clone(), claim.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                store.claim(&claim).await
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        outcomes.push(task.await.expect("claim task"));
+    }
+    outcomes
 }
 
 /// A scratch table and two connections to the database it is in.

@@ -89,7 +89,7 @@ impl StoreError {
 
     /// The same failure, for each of the operations that shared a failed batch: the kind, and
     /// the source's text.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
     pub(crate) fn for_each_entry(&self) -> Self {
         match &self.source {
             Some(source) => Self::new(self.kind, source.to_string()),

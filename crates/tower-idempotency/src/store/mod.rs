@@ -47,7 +47,7 @@ pub use memory::MemoryStore;
 pub mod redis;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use sql::batch::{BatchStats, Batching, DEFAULT_BATCH_TIMEOUT};
 #[cfg(feature = "mysql")]
 pub use sql::mysql;

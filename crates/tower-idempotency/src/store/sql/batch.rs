@@ -203,6 +203,7 @@ impl Counters {
 /// What a claim is answered when an earlier claim of the same key with the same fingerprint ran
 /// in the same round of a batch (`outcome`): in flight behind a fresh claim, for the whole lease,
 /// or the same answer, as a duplicate arriving at the same instant would be.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 pub(crate) fn duplicate_of(outcome: &ClaimOutcome, first: &Claim) -> ClaimOutcome {
     match outcome {
         ClaimOutcome::Claimed { .. } => ClaimOutcome::in_flight(first.lease),

@@ -194,7 +194,7 @@ macro_rules! migrations {
     };
 }
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(super) mod batch;
 mod error;
 #[cfg(feature = "mysql")]

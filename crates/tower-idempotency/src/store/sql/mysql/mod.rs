@@ -24,7 +24,8 @@
 //! runs at most two:
 //!
 //! 1. a consistent (non-locking) `SELECT` answers the losing cases that hold until the record
-//!    expires (replays, duplicates in flight, mismatches) without a write or a row lock;
+//!    expires (replays, duplicates in flight, mismatches) without a write or a row lock (one
+//!    `SELECT` for the claims of concurrent requests: see [Group commit](self#group-commit));
 //! 2. otherwise one `INSERT .. ON DUPLICATE KEY UPDATE` decides every outcome under the primary
 //!    key's exclusive lock, on the row's latest committed version, and returns the outcome in
 //!    its OK packet through `LAST_INSERT_ID(code)`: no second statement, and it is the same on
@@ -49,6 +50,25 @@
 //! No `SELECT .. FOR UPDATE` is held across a handler: a claim is committed before the handler
 //! runs, and an in-flight duplicate waits on a row lock only while another claim, a `complete`
 //! or, in transactional mode, the `COMMIT` after the save, is under way.
+//!
+//! # Group commit
+//!
+//! The claims' reads are batched: the reads of concurrent requests wait in a bounded queue, and
+//! one `SELECT .. WHERE key IN (..)` on one connection reads the records of every claim that
+//! queued while the previous read ran (no timer; a read that finds nothing queued runs at once,
+//! in its request's task). Each claim is then judged by its own fingerprint, exactly as its own
+//! read would judge it, so claims of one key in one batch (a retry beside a reused key with
+//! another body) each get their own answer. The key list is padded, by repeating a key, to 1, 2,
+//! 4 .. keys, so each connection prepares a handful of statements, not one per batch size.
+//!
+//! The write is not batched: its outcome travels in `LAST_INSERT_ID`, one value per statement.
+//! Each claim the read leaves open runs its own `INSERT .. ON DUPLICATE KEY UPDATE`, the first
+//! of each batch on the read's connection (a pool checkout costs sqlx a ping each way, so a lone
+//! request pays what an unbatched claim paid); saves, releases and renewals are single
+//! statements as before. [`Batching`] sets the largest read (at most 1,024 keys), how many reads
+//! run at once (`pipeline`, default 1: the next read gathers while one runs) and the queue's
+//! bound (a full queue answers [`StoreErrorKind::Full`], 503); [`MySqlStore::batch_stats`]
+//! counts the reads.
 //!
 //! # Errors
 //!
@@ -90,7 +110,10 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use sqlx::mysql::{MySql, MySqlPool};
+use sqlx::{
+    mysql::{MySql, MySqlPool},
+    pool::PoolConnection,
+};
 use tokio::time::Instant;
 
 pub use sqlx;
@@ -102,14 +125,20 @@ use crate::{
         record::{
             Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
         },
-        sql::{self, TableName, Waiters},
+        sql::{
+            self,
+            batch::{Batcher, Batching, Counters},
+            TableName, Waiters,
+        },
         Store, TransactionalStore,
     },
 };
 
+mod batch;
 pub(in crate::store) mod error;
 mod queries;
 
+use batch::{Read, Reads};
 use queries::Queries;
 
 /// The parameters and the claim row, as every SQL store binds and reads them.
@@ -167,34 +196,66 @@ pub struct MySqlStore {
 
 struct Inner {
     pool: MySqlPool,
+    batching: Batching,
     table: TableName,
     /// The statements for `table`, moved into the tasks that run them.
     queries: Arc<Queries>,
+    /// The claims' lock-free reads, batched (see [Group commit](self#group-commit)).
+    reads: Batcher<Reads>,
+    /// What the reads' batches shared.
+    batches: Arc<Counters>,
     waiters: Arc<Waiters>,
 }
 
 impl MySqlStore {
-    /// A store on `pool`. Nothing is sent to the database until the first operation.
+    /// A store on `pool`, batching the claims' reads with [`Batching::default`]. Nothing is
+    /// sent to the database until the first operation.
     pub fn new(pool: MySqlPool) -> Self {
-        Self::build(pool, TableName::default())
+        Self::with_batching(pool, Batching::default())
     }
 
-    fn build(pool: MySqlPool, table: TableName) -> Self {
+    fn build(pool: MySqlPool, batching: Batching, table: TableName) -> Self {
+        let batches = Arc::new(Counters::default());
+        let (reads, read_batching) = Reads::new(pool.clone(), &table, batching);
         Self {
             inner: Arc::new(Inner {
+                reads: Batcher::new(reads, read_batching, batches.clone()),
+                batches,
                 pool,
+                batching,
                 queries: Arc::new(Queries::new(&table)),
                 table,
                 waiters: Arc::default(),
             }),
         }
     }
+
+    /// Run `CLAIM` for `claim`, on `conn` if its read handed one over, else on a connection of
+    /// the pool, in a task of its own.
+    async fn write_claim(
+        &self,
+        claim: &Claim,
+        conn: Option<PoolConnection<MySql>>,
+    ) -> Result<Code, StoreError> {
+        let write = sqlx::query_with(self.inner.queries.claim.clone(), Codec::claim(claim)?);
+        let pool = self.inner.pool.clone();
+        let done = detached(async move {
+            let mut conn = match conn {
+                Some(conn) => conn,
+                None => pool.acquire().await?,
+            };
+            write.execute(&mut *conn).await
+        })
+        .await?;
+        Ok(Code::from_insert_id(done.last_insert_id()))
+    }
 }
 
 sql_store!(
     MySqlStore in mysql on MySqlPool ("mysql://root@localhost/app"),
-    rebuild: [],
-    migrate: "sqlx serialises them with a named lock (`GET_LOCK`)"
+    rebuild: [batching],
+    migrate: "sqlx serialises them with a named lock (`GET_LOCK`)",
+    batching: "concurrent claims share their reads"
 );
 
 /// The embedded migrations, written for `idempotency_records`.
@@ -210,43 +271,26 @@ impl Store for MySqlStore {
     }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        let claim = claim.clone();
-        let (pool, queries) = (self.inner.pool.clone(), self.inner.queries.clone());
-        // Both statements on one connection: each pool checkout costs sqlx a ping.
-        detached::<_, sqlx::Error>(async move {
-            let mut conn = pool.acquire().await?;
-            for _ in 0..CLAIM_ATTEMPTS {
-                let live = sqlx::query(queries.live.clone())
-                    .bind(claim.fingerprint.as_bytes().as_slice())
-                    .bind(claim.key.as_bytes().as_slice())
-                    .bind(claim.fingerprint.as_bytes().as_slice())
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                if let Some(row) = live {
-                    return Ok(Codec::claim_outcome(&row));
-                }
-                let arguments = match Codec::claim(&claim) {
-                    Ok(arguments) => arguments,
-                    Err(err) => return Ok(Err(err)),
-                };
-                let done = sqlx::query_with(queries.claim.clone(), arguments)
-                    .execute(&mut *conn)
-                    .await?;
-                match Code::from_insert_id(done.last_insert_id()) {
-                    Code::Claimed => return Ok(Ok(ClaimOutcome::claimed())),
-                    Code::TakenOver => return Ok(Ok(ClaimOutcome::taken_over())),
-                    Code::Mismatch => return Ok(Ok(ClaimOutcome::Mismatch)),
-                    Code::InFlight(left) => return Ok(Ok(ClaimOutcome::in_flight(left))),
-                    // Completed since the read: the next read answers with the saved response.
-                    Code::Done => tracing::trace!(target: "tower_idempotency", "claim found a record completed since its read; reading again"),
+        for _ in 0..CLAIM_ATTEMPTS {
+            let conn = match self.inner.reads.submit(claim.clone()).await? {
+                Read::Answered(outcome) => return Ok(outcome),
+                Read::Claimable(conn) => conn,
+            };
+            match self.write_claim(claim, conn).await? {
+                Code::Claimed => return Ok(ClaimOutcome::claimed()),
+                Code::TakenOver => return Ok(ClaimOutcome::taken_over()),
+                Code::Mismatch => return Ok(ClaimOutcome::Mismatch),
+                Code::InFlight(left) => return Ok(ClaimOutcome::in_flight(left)),
+                // Completed since the read: the next read answers with the saved response.
+                Code::Done => {
+                    tracing::trace!(target: "tower_idempotency", "claim found a record completed since its read; reading again")
                 }
             }
-            Ok(Err(StoreError::new(
-                StoreErrorKind::Backend,
-                "the claim kept racing with concurrent completions",
-            )))
-        })
-        .await?
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Backend,
+            "the claim kept racing with concurrent completions",
+        ))
     }
 
     async fn renew(

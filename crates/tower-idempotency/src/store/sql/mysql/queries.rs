@@ -4,6 +4,8 @@
 //! it binds them in. Every statement is valid on MySQL 8 and on MariaDB 10.11; where the two
 //! differ, the comment says which form is used and why.
 
+use sqlx::SqlStr;
+
 use crate::{
     key::{self, KeyHash},
     store::{
@@ -24,32 +26,53 @@ macro_rules! now_ms {
     };
 }
 
-/// Read, without a lock, a live record that cannot be claimed: another fingerprint, `done`, or
-/// `running` under a valid lease. Those states hold until the record expires (a lease can only
-/// lapse, which [`CLAIM`] handles), so replays, duplicates in flight and mismatches are answered
-/// by this consistent read alone: no row lock that replays of a hot key would queue on, no write.
+/// Read, without a lock, the live records of many claims' keys at once: the read half of a
+/// claim, batched (see [`batch`](super::batch)). A live record that cannot be claimed (another
+/// fingerprint, `done`, or `running` under a valid lease) answers its claim alone: those states
+/// hold until the record expires (a lease can only lapse, which [`CLAIM`] handles), so replays,
+/// duplicates in flight and mismatches need this consistent read only, no row lock that replays
+/// of a hot key would queue on, no write.
 ///
-/// Binds 1 fingerprint, 2 key, 3 fingerprint. Columns as [`sql::Codec::claim_outcome`] reads
-/// them.
+/// The statement is this text followed by one `?` per key and `)` ([`live_many`]): it binds the
+/// keys. One row per live record, with its `key` and `fingerprint`, which the store compares
+/// with each claim's own (claims of one key may differ); `outcome` is `done`, `in_flight` (a
+/// valid lease) or NULL (a lapsed lease: claimable by the same fingerprint), with the other
+/// columns as [`sql::Codec::claim_outcome`] reads them.
 ///
 /// [`sql::Codec::claim_outcome`]: crate::store::sql::Codec::claim_outcome
-pub(super) const LIVE: &str = concat!(
+const LIVE_MANY: &str = concat!(
     r#"
-SELECT CASE WHEN r.fingerprint <> ? THEN 'mismatch'
-            WHEN r.state = 'done' THEN 'done'
-            ELSE 'in_flight' END AS outcome,
-       FALSE AS taken_over,
+SELECT r.`key`, r.fingerprint,
+       CASE WHEN r.state = 'done' THEN 'done'
+            WHEN r.lease_until > clock.now THEN 'in_flight' END AS outcome,
        GREATEST(0, r.lease_until - clock.now) AS lease_remaining_ms,
        r.status, r.headers, r.body
 FROM idempotency_records AS r,
      (SELECT "#,
     now_ms!(),
     r#" AS now) AS clock
-WHERE r.`key` = ?
-  AND r.expires_at > clock.now
-  AND (r.fingerprint <> ? OR r.state = 'done' OR r.lease_until > clock.now)
-"#
+WHERE r.expires_at > clock.now
+  AND r.`key` IN ("#
 );
+
+/// [`LIVE_MANY`] for `table`, for 1, 2, 4 .. keys up to the first power of two of at least
+/// `max_keys`: the store pads a read's keys up to the next of these sizes by repeating one, so
+/// a connection prepares a handful of statements, not one per batch size.
+pub(super) fn live_many(table: &TableName, max_keys: usize) -> Vec<SqlStr> {
+    let sizes = max_keys.max(1).next_power_of_two().trailing_zeros();
+    (0..=sizes)
+        .map(|size| {
+            let keys = 1_usize << size;
+            let mut sql = String::with_capacity(LIVE_MANY.len() + 3 * keys);
+            sql.push_str(LIVE_MANY);
+            for n in 0..keys {
+                sql.push_str(if n == 0 { "?" } else { ", ?" });
+            }
+            sql.push(')');
+            table.statement_text(sql)
+        })
+        .collect()
+}
 
 /// The claim: one `INSERT .. ON DUPLICATE KEY UPDATE` that decides every outcome under the
 /// primary key's row lock and reports it in the statement's OK packet. The file explains the
@@ -193,7 +216,6 @@ LIMIT ?
 statements! {
     /// The store's statements for its table.
     struct Queries {
-        live: LIVE,
         claim: CLAIM,
         renew: RENEW,
         complete: COMPLETE,
@@ -209,6 +231,26 @@ statements! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_read_comes_in_powers_of_two_keys_for_its_table() {
+        let table = TableName::new("billing.keys").unwrap();
+        let reads = live_many(&table, 100);
+        let placeholders: Vec<usize> = reads
+            .iter()
+            .map(|sql| sql.as_str().matches('?').count())
+            .collect();
+        assert_eq!(placeholders, [1, 2, 4, 8, 16, 32, 64, 128]);
+        assert!(
+            reads[1].as_str().ends_with("r.`key` IN (?, ?)"),
+            "{}",
+            reads[1].as_str()
+        );
+        assert!(reads
+            .iter()
+            .all(|sql| sql.as_str().contains("FROM billing.keys AS r")));
+        assert_eq!(live_many(&TableName::default(), 1).len(), 1);
+    }
 
     #[test]
     fn the_text_save_writes_every_value_as_a_literal() {
