@@ -1,7 +1,7 @@
 //! The MySQL store's batched reads: the consistent reads of concurrent claims, which answer
 //! replays, duplicates in flight and mismatches, as one `SELECT .. WHERE key IN (..)` on one
 //! connection (see [`batch`](crate::store::sql::batch) and
-//! [`live_many`](super::queries::live_many)).
+//! [`live_many`]).
 //!
 //! Only the reads are batched: the claim's write reports its outcome through `LAST_INSERT_ID`,
 //! one value per statement, so each claim the read leaves open runs `CLAIM` on its own, as
@@ -49,7 +49,7 @@ pub(super) enum Read {
     Claimable(Option<PoolConnection<MySql>>),
 }
 
-/// Runs batches of the claims' lock-free reads ([`live_many`](super::queries::live_many)).
+/// Runs batches of the claims' lock-free reads ([`live_many`]).
 pub(super) struct Reads {
     pool: MySqlPool,
     /// The read for 1, 2, 4 .. keys.
