@@ -99,6 +99,18 @@ const CREATE_DEFERRED: &str = "CREATE TABLE parents (id INTEGER PRIMARY KEY); \
 /// A child without a parent: accepted until the `COMMIT`.
 const INSERT_ORPHAN: &str = "INSERT INTO children (parent) VALUES (42)";
 
+/// [`Widgets::insert_orphan`] for a database with deferred constraints.
+async fn insert_orphan_in<DB: sqlx::Database>(
+    tx: IdempotencyTransaction<DB>,
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let mut tx = tx.begin().await?;
+    sqlx::raw_sql(INSERT_ORPHAN).execute(&mut *tx).await?;
+    Ok(())
+}
+
 impl Widgets for sqlx::Postgres {
     async fn create_table(pool: &sqlx::PgPool) {
         sqlx::query(CREATE_WIDGETS).execute(pool).await.unwrap();
@@ -108,12 +120,7 @@ impl Widgets for sqlx::Postgres {
     fn insert_orphan(
         tx: &IdempotencyTransaction<Self>,
     ) -> Option<impl Future<Output = Result<(), sqlx::Error>> + Send> {
-        let tx = tx.clone();
-        Some(async move {
-            let mut tx = tx.begin().await?;
-            sqlx::query(INSERT_ORPHAN).execute(&mut *tx).await?;
-            Ok(())
-        })
+        Some(insert_orphan_in(tx.clone()))
     }
 
     async fn insert(tx: &IdempotencyTransaction<Self>, note: &str) -> Result<(), sqlx::Error> {
@@ -153,12 +160,7 @@ impl Widgets for sqlx::Sqlite {
     fn insert_orphan(
         tx: &IdempotencyTransaction<Self>,
     ) -> Option<impl Future<Output = Result<(), sqlx::Error>> + Send> {
-        let tx = tx.clone();
-        Some(async move {
-            let mut tx = tx.begin().await?;
-            sqlx::query(INSERT_ORPHAN).execute(&mut *tx).await?;
-            Ok(())
-        })
+        Some(insert_orphan_in(tx.clone()))
     }
 
     async fn insert(tx: &IdempotencyTransaction<Self>, note: &str) -> Result<(), sqlx::Error> {
