@@ -247,14 +247,9 @@ async fn save_and_commit<St: TransactionalStore>(
         response,
         limit,
     } = save;
-    // A timeout drops the transaction, which rolls it back unless the COMMIT already landed:
-    // either way the work and the saved answer stay together.
-    bounded(
-        "the save and commit in the transaction",
-        limit,
-        store.complete_and_commit(tx, key, token, response),
-    )
-    .await
+    store
+        .complete_and_commit(tx, key, token, response, limit)
+        .await
 }
 
 #[cfg(feature = "axum")]

@@ -27,6 +27,8 @@
 use std::{fmt, future::Future, time::Duration};
 
 use crate::key::KeyHash;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+use crate::timeout::bounded;
 
 mod dynamic;
 mod error;
@@ -227,7 +229,8 @@ pub trait TransactionalStore: Store {
 
     /// Save the response in the handler's transaction, token-checked, and end the transaction:
     /// commit when the save applied, roll back (the handler's work with it) when the token no
-    /// longer holds the record ([`Fenced::Lost`]).
+    /// longer holds the record ([`Fenced::Lost`]). Each trip to the database is bounded by
+    /// `limit` (the layer's store timeout).
     ///
     /// The default runs [`complete_in`](Self::complete_in), then `COMMIT` or `ROLLBACK`: two
     /// round trips. SQLite sends the save and the commit as one statement list, whose check
@@ -240,27 +243,36 @@ pub trait TransactionalStore: Store {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
-        complete_then_commit(self, tx, key, token, response)
+        complete_then_commit(self, tx, key, token, response, limit)
     }
 }
 
-/// [`TransactionalStore::complete_in`], then `COMMIT` if it applied or `ROLLBACK` if not.
+/// [`TransactionalStore::complete_in`], then `COMMIT` if it applied or `ROLLBACK` if not, each
+/// bounded by `limit`. A timeout drops the transaction, which rolls it back unless the `COMMIT`
+/// already landed: either way the work and the saved answer stay together.
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-pub(crate) async fn complete_then_commit<St: TransactionalStore + ?Sized>(
+async fn complete_then_commit<St: TransactionalStore + ?Sized>(
     store: &St,
     mut tx: sqlx::Transaction<'static, St::Database>,
     key: &KeyHash,
     token: FencingToken,
     response: &StoredResponse,
+    limit: Duration,
 ) -> Result<Fenced, StoreError> {
-    match store.complete_in(&mut tx, key, token, response).await? {
+    let saved = bounded(
+        "the save in the transaction",
+        limit,
+        store.complete_in(&mut tx, key, token, response),
+    );
+    match saved.await? {
         Fenced::Applied => {
-            tx.commit().await?;
+            bounded("the commit", limit, async { Ok(tx.commit().await?) }).await?;
             Ok(Fenced::Applied)
         }
         Fenced::Lost => {
-            tx.rollback().await?;
+            bounded("the rollback", limit, async { Ok(tx.rollback().await?) }).await?;
             Ok(Fenced::Lost)
         }
     }

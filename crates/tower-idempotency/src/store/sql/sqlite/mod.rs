@@ -118,6 +118,7 @@ use crate::{
         },
         Store, TransactionalStore,
     },
+    timeout::bounded,
 };
 
 mod batch;
@@ -341,38 +342,35 @@ impl TransactionalStore for SqliteStore {
         key: &KeyHash,
         token: FencingToken,
         response: &StoredResponse,
+        limit: Duration,
     ) -> Result<Fenced, StoreError> {
         let list = sqlx::query_with(
             self.inner.queries.complete_and_commit.clone(),
             Codec::complete(key, token, response)?,
         );
-        let saved = async {
+        let saved = bounded("the save and commit in the transaction", limit, async {
             let mut rows = list.fetch(&mut *tx);
             // The save's row when it saved; otherwise the check fails the list.
             match rows.try_next().await {
                 Ok(Some(_)) => {}
-                Ok(None) => return Err(sqlx::Error::RowNotFound),
+                Ok(None) => return Err(sqlx::Error::RowNotFound.into()),
                 Err(sqlx::Error::Database(err)) if err.message() == queries::FENCED_OUT => {
                     return Ok(false)
                 }
-                Err(err) => return Err(err),
+                Err(err) => return Err(err.into()),
             }
             // The check's row, then the COMMIT and the BEGIN.
             while rows.try_next().await?.is_some() {}
             Ok(true)
-        }
+        })
         .await;
-        match saved {
-            Ok(true) => Ok(sql::announce(&self.inner.waiters, key, Fenced::Applied)),
-            Ok(false) => {
-                roll_back_whatever_state(tx).await?;
-                Ok(Fenced::Lost)
-            }
-            Err(err) => {
-                roll_back_whatever_state(tx).await?;
-                Err(err.into())
-            }
+        if let Ok(true) = saved {
+            return Ok(sql::announce(&self.inner.waiters, key, Fenced::Applied));
         }
+        // Fenced out, failed, or stopped part way by the timeout: the list may have ended the
+        // transaction or not.
+        bounded("the rollback", limit, roll_back_whatever_state(tx)).await?;
+        saved.map(|_| Fenced::Lost)
     }
 }
 
