@@ -1,8 +1,8 @@
-//! The layer's bound on every store call (see
-//! [`Idempotency::with_store_timeout`](crate::Idempotency::with_store_timeout)).
+//! A time limit that costs nothing until the limited future is pending: the layer's bound on
+//! every store call (see [`Idempotency::with_store_timeout`](crate::Idempotency::with_store_timeout)
+//! and `store::error::bounded`) and on reading a body.
 
 use std::{
-    fmt,
     future::Future,
     pin::Pin,
     task::{Context, Poll},
@@ -10,50 +10,6 @@ use std::{
 };
 
 use tokio::time::{Instant, Sleep};
-
-use crate::store::{StoreError, StoreErrorKind};
-
-/// The source of a [`StoreError`] for a store call that did not answer within the store timeout.
-#[derive(Debug)]
-struct TimedOut {
-    what: &'static str,
-    limit: Duration,
-}
-
-impl fmt::Display for TimedOut {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the store did not answer {} within the store timeout of {:?}",
-            self.what, self.limit
-        )
-    }
-}
-
-impl std::error::Error for TimedOut {}
-
-/// Run one store call, or give up after `limit` with an [`Unavailable`](StoreErrorKind::Unavailable)
-/// error.
-///
-/// Giving up drops the call's future. The store backends in this crate are cancellation-safe in
-/// the sense that matters here: sqlx returns (or closes) a connection whose query was dropped,
-/// and the Redis connection manager fails only the dropped request.
-///
-/// A combinator rather than an `async fn`: an `async fn` keeps its argument and the future it
-/// awaits as two copies in its state, and the flow's futures nest several of these.
-pub(crate) fn bounded<T>(
-    what: &'static str,
-    limit: Duration,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> impl Future<Output = Result<T, StoreError>> {
-    futures_util::FutureExt::map(within(limit, call), move |result| match result {
-        Ok(result) => result,
-        Err(Elapsed) => Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            TimedOut { what, limit },
-        )),
-    })
-}
 
 /// The time limit of [`within`] passed.
 #[derive(Debug)]
@@ -110,31 +66,11 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn a_call_that_does_not_answer_in_time_is_unavailable() {
-        let never = std::future::pending::<Result<(), StoreError>>();
-        let err = bounded("the claim", Duration::from_millis(500), never)
-            .await
-            .unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Unavailable);
-        let source = std::error::Error::source(&err).unwrap().to_string();
-        assert!(
-            source.contains("the claim") && source.contains("500ms"),
-            "{source}"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
     async fn the_limit_counts_from_the_call_not_from_the_first_pending_poll() {
         let call = within(Duration::from_secs(1), std::future::pending::<()>());
         tokio::time::advance(Duration::from_millis(999)).await;
         let started = Instant::now();
         assert!(call.await.is_err());
         assert!(Instant::now() - started <= Duration::from_millis(1));
-    }
-
-    #[tokio::test]
-    async fn a_call_that_answers_in_time_keeps_its_result() {
-        let answer = bounded("the claim", Duration::from_secs(1), async { Ok(7) }).await;
-        assert_eq!(answer.unwrap(), 7);
     }
 }

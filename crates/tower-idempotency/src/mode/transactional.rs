@@ -50,8 +50,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use super::{Mode, Save, SaveFailure, Sealed};
 use crate::{
     error::Rejection,
-    store::{Fenced, StoreError, TransactionalStore},
-    timeout::bounded,
+    store::{bounded, Fenced, StoreError, TransactionalStore},
 };
 
 /// The mode of a layer built with [`Idempotency::transactional`](crate::Idempotency::transactional).

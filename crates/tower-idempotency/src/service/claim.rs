@@ -13,8 +13,9 @@ use crate::{
     key::KeyHash,
     mode::Mode,
     observe::{self, Outcome},
-    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind},
-    timeout::bounded,
+    store::{
+        bounded, Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind,
+    },
 };
 
 /// Claims tried when the store reports a conflict (serialization failure, deadlock) before

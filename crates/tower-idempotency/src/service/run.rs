@@ -19,8 +19,7 @@ use crate::{
     mode::Mode,
     observe::{self, Outcome, RequestRecord},
     retry_after::Running,
-    store::{Fenced, FencingToken, Store},
-    timeout::bounded,
+    store::{bounded, Fenced, FencingToken, Store},
 };
 
 /// The claimed key: what the run needs to renew, save and release it.

@@ -14,8 +14,7 @@ use crate::{
     not_processed::NotProcessed,
     observe::{self, Outcome},
     record,
-    store::{Fenced, Store, StoreError, StoredResponse},
-    timeout::bounded,
+    store::{bounded, Fenced, Store, StoreError, StoredResponse},
 };
 
 /// Saves tried before giving up on recording an answer that has no transaction to commit with.

@@ -27,13 +27,12 @@
 use std::{fmt, future::Future, time::Duration};
 
 use crate::key::KeyHash;
-#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-use crate::timeout::bounded;
 
 mod dynamic;
 mod error;
 pub(crate) mod record;
 pub use dynamic::{BoxFuture, DynStore, ErasedStore};
+pub(crate) use error::bounded;
 pub use error::{StoreError, StoreErrorKind};
 pub use record::{
     Claim, ClaimOutcome, Fenced, FencingToken, OldestRunning, RecordInfo, RecordState, StoreStats,

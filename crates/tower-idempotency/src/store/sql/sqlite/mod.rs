@@ -107,7 +107,7 @@ pub use sqlx;
 use crate::{
     key::KeyHash,
     store::{
-        error::StoreError,
+        error::{bounded, StoreError},
         record::{
             Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
         },
@@ -118,7 +118,6 @@ use crate::{
         },
         Store, TransactionalStore,
     },
-    timeout::bounded,
 };
 
 mod batch;
