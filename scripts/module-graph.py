@@ -10,7 +10,7 @@ module) is an edge to the module that defines the item too, so a cycle that pass
 re-export is found. `lib.rs` is the front door only (crate docs and `pub use`): modules name each
 other by their module path (`crate::layer::Idempotency`), never `crate::Idempotency`.
 
-Test modules (`#[cfg(test)]` and below, and `tests.rs` files) are left out: tests may reach
+Test modules (`#[cfg(test)]` and below, `tests.rs` files and `tests/` folders) are left out: tests may reach
 anywhere. Comments (doc links included) are not imports.
 """
 import os
@@ -92,6 +92,8 @@ def load():
     """{module path (tuple): code} for every file of the library."""
     files = {}
     for root, _, names in os.walk(SRC):
+        if "tests" in os.path.relpath(root, SRC).split(os.sep):
+            continue
         for name in names:
             if not name.endswith(".rs") or name == "tests.rs":
                 continue

@@ -1,0 +1,133 @@
+//! Answers over the saved limit: streamed to the caller, and what a retry gets.
+
+use tower_layer::Layer;
+
+use super::*;
+
+/// A response body fed frame by frame through a channel: a stream with no end in sight
+/// until the sender is dropped (server-sent events, a large download).
+struct Channel(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl Body for Channel {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
+    }
+}
+
+/// A handler that answers 201 with a body streamed from a channel, whose sender it puts in
+/// `senders`; `runs` counts its calls.
+fn streaming_export(
+    runs: Arc<AtomicUsize>,
+    senders: Arc<std::sync::Mutex<Vec<tokio::sync::mpsc::Sender<Bytes>>>>,
+) -> impl Service<
+    Request<RequestBody<Full<Bytes>>>,
+    Response = Response<Channel>,
+    Error = std::convert::Infallible,
+    Future: Send + 'static,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        senders.lock().unwrap().push(tx);
+        async move {
+            let response = Response::builder()
+                .status(StatusCode::CREATED)
+                .header("location", "/exports/1")
+                .header("content-type", "text/event-stream")
+                .body(Channel(rx))
+                .unwrap();
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    })
+}
+
+#[tokio::test]
+async fn an_answer_over_the_saved_limit_is_streamed_and_a_retry_gets_its_status_and_headers() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let senders = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let service = Idempotency::memory()
+        .with_saved_body_limit(1024)
+        .layer(streaming_export(runs.clone(), senders.clone()));
+    let first = tokio::spawn(service.clone().oneshot(post("k", "a")));
+    tokio::task::yield_now().await;
+    let tx = loop {
+        if let Some(tx) = senders.lock().unwrap().pop() {
+            break tx;
+        }
+        tokio::task::yield_now().await;
+    };
+    // 3 KiB, then the stream stays open: the answer must not wait for its end.
+    for _ in 0..3 {
+        tx.send(Bytes::from(vec![b'x'; 1024])).await.unwrap();
+    }
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let mut body = first.into_body();
+    let mut received = 0;
+    while received < 3 * 1024 {
+        let frame = body.frame().await.unwrap().unwrap();
+        received += frame.into_data().unwrap().len();
+    }
+    tx.send(Bytes::from_static(b"last")).await.unwrap();
+    drop(tx);
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(
+        received + rest.len(),
+        3 * 1024 + 4,
+        "the client gets every byte"
+    );
+
+    let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()[&crate::REPLAYED_HEADER], "true");
+    assert_eq!(retry.headers()[&crate::BODY_NOT_KEPT_HEADER], "true");
+    assert_eq!(retry.headers()["location"], "/exports/1");
+    assert!(retry.headers().get("content-type").is_none());
+    assert_eq!(body_of(retry).await, "");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the retry did not run again"
+    );
+}
+
+#[tokio::test]
+async fn a_body_announced_over_the_limit_is_not_read_before_it_is_sent() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let runs = runs.clone();
+        tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
+                    vec![b'y'; 64 * 1024],
+                ))))
+            }
+        })
+    };
+    let service = Idempotency::memory()
+        .with_saved_body_limit(1024)
+        .layer(handler);
+    let first = service.clone().oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(body_of(first).await.len(), 64 * 1024);
+    let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert_eq!(retry.headers()[&crate::BODY_NOT_KEPT_HEADER], "true");
+    assert_eq!(body_of(retry).await, "");
+    // Within the limit, the body is saved whole as before.
+    let small = Idempotency::memory().layer(counting_service(runs.clone(), StatusCode::OK));
+    small.clone().oneshot(post("s", "a")).await.unwrap();
+    let replay = small.oneshot(post("s", "a")).await.unwrap();
+    assert!(replay.headers().get(&crate::BODY_NOT_KEPT_HEADER).is_none());
+    assert_eq!(body_of(replay).await, "run 2");
+}
