@@ -201,6 +201,7 @@ mod error;
 pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod prelude;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub(super) mod table;

@@ -104,9 +104,8 @@
 //!
 //! # Expiry
 //!
-//! Expired rows stay until swept: run a [`Sweeper`](crate::Sweeper) (or call
-//! [`Store::sweep`] from your own scheduler); each sweep is one `DELETE .. LIMIT`. An expired
-//! row is already treated as absent by `claim`, so sweeping is about space, not correctness.
+//! `claim` already treats an expired row as absent; a [`Sweeper`](crate::Sweeper) (or
+//! [`Store::sweep`]) frees the space, one `DELETE .. LIMIT` per sweep.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -118,21 +117,8 @@ use tokio::time::Instant;
 
 pub use sqlx;
 
-use crate::{
-    key::KeyHash,
-    store::{
-        error::{StoreError, StoreErrorKind},
-        record::{
-            Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
-        },
-        sql::{
-            self,
-            batch::{Batcher, Batching, Counters},
-            TableName, Waiters,
-        },
-        Store, TransactionalStore,
-    },
-};
+use super::prelude::*;
+use crate::store::error::StoreErrorKind;
 
 mod batch;
 pub(in crate::store) mod error;

@@ -83,9 +83,9 @@
 //!
 //! # Expiry
 //!
-//! Expired rows stay until swept: run a [`Sweeper`](crate::Sweeper) (or call
-//! [`Store::sweep`] from your own scheduler). An expired row is already treated as absent by
-//! `claim`, so sweeping is about space, not correctness.
+//! `claim` already treats an expired row as absent; a [`Sweeper`](crate::Sweeper) (or
+//! [`Store::sweep`]) frees the space, deleting with `FOR UPDATE SKIP LOCKED` so a sweep never
+//! waits on a request's row.
 
 use std::{
     sync::{Arc, Mutex},
@@ -97,21 +97,8 @@ use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
 
-use crate::{
-    key::KeyHash,
-    store::{
-        error::{StoreError, StoreErrorKind},
-        record::{
-            Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
-        },
-        sql::{
-            self,
-            batch::{Batcher, Batching, Counters},
-            TableName, Waiters,
-        },
-        Store, TransactionalStore,
-    },
-};
+use super::prelude::*;
+use crate::store::error::StoreErrorKind;
 
 mod batch;
 pub(in crate::store) mod error;

@@ -92,9 +92,8 @@
 //!
 //! # Expiry
 //!
-//! Expired rows stay until swept: run a [`Sweeper`](crate::Sweeper) (or call
-//! [`Store::sweep`] from your own scheduler). An expired row is already treated as absent by
-//! `claim`, so sweeping is about space, not correctness.
+//! `claim` already treats an expired row as absent; a [`Sweeper`](crate::Sweeper) (or
+//! [`Store::sweep`]) frees the space, each sweep one write transaction in the file's queue.
 
 use std::{sync::Arc, time::Duration};
 
@@ -104,21 +103,8 @@ use tokio::{sync::Mutex, time::Instant};
 
 pub use sqlx;
 
-use crate::{
-    key::KeyHash,
-    store::{
-        error::{bounded, StoreError},
-        record::{
-            Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
-        },
-        sql::{
-            self,
-            batch::{Batcher, Batching, Counters},
-            TableName, Waiters,
-        },
-        Store, TransactionalStore,
-    },
-};
+use super::prelude::*;
+use crate::store::error::bounded;
 
 mod batch;
 pub(in crate::store) mod error;
