@@ -649,3 +649,47 @@ async fn postgres_close_closes_the_batch_connections_and_leaves_the_pool_open() 
         "the application's pool is the application's"
     );
 }
+
+/// A cut network leaves every idle batch connection dead. The first batch after the cut finds
+/// one and fails (503 for its requests); the batches after it ping the connections that were
+/// idle since and open live ones, so one outage costs one failed batch, not one per pooled
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_after_a_cut_one_batch_fails_and_the_next_ones_reconnect() {
+    let (proxy, _direct, through_proxy) = migrated_behind_a_proxy().await;
+    let proxied = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_lazy_with(through_proxy);
+    let store = PostgresStore::with_batching(proxied, Batching::default().pipeline(4));
+    for _ in 0..20 {
+        if proxy.open_connections() >= 3 {
+            break;
+        }
+        let claims: Vec<_> = (0..64)
+            .map(|n| claim_of(random_key(), &format!("warm {n}"), LONG, DAY))
+            .collect();
+        for outcome in bounded("warm-up", join_all(claims.iter().map(|c| store.claim(c)))).await {
+            outcome.expect("a claim before the cut");
+        }
+    }
+    let idle = proxy.open_connections();
+    // Two dead connections are enough to tell: without the pings, each fails a batch.
+    assert!(idle >= 2, "only {idle} batch connections opened");
+
+    proxy.cut_all_and_wait().await;
+    let mut failed = 0;
+    for n in 0..idle + 2 {
+        let claim = claim_of(random_key(), &format!("after the cut {n}"), LONG, DAY);
+        match bounded("a claim after the cut", store.claim(&claim)).await {
+            Ok(outcome) => assert_eq!(outcome, claimed(false)),
+            Err(err) => {
+                assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err:?}");
+                failed += 1;
+            }
+        }
+    }
+    assert!(
+        failed <= 1,
+        "{failed} claims failed after one cut, with {idle} connections idle at the cut"
+    );
+}

@@ -266,6 +266,18 @@ impl FaultProxy {
         self.state.send_modify(|s| s.cuts += 1);
     }
 
+    /// [`cut_all`](Self::cut_all), then wait (a second at most) until the connections open at
+    /// the call are closed: each closes in its own task, so a client that writes right after
+    /// `cut_all` may still get through once.
+    pub async fn cut_all_and_wait(&self) {
+        let (open, cut) = (self.open_connections(), self.cut_connections());
+        self.cut_all();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        while self.cut_connections() < cut + open && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// Keep connections open but forward nothing, either way; accept new connections and keep them
     /// silent. Bytes sent meanwhile are lost, so [`restore`](Self::restore) cuts those connections.
     pub fn black_hole(&self) {

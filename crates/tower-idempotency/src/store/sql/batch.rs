@@ -235,6 +235,12 @@ pub(crate) trait Runner: Send + Sync + 'static {
     fn abandoned(self: &Arc<Self>, entry: Self::Entry, output: Self::Output) {
         let _ = (entry, output);
     }
+
+    /// The whole batch failed (a lost connection, a timeout): a runner on connections of its
+    /// own may stop trusting the idle ones.
+    fn failed(&self, err: &StoreError) {
+        let _ = err;
+    }
 }
 
 struct Pending<R: Runner> {
@@ -350,6 +356,7 @@ async fn run_bounded<R: Runner>(
                 format!("a batch took longer than {limit:?}"),
             ))
         })
+        .inspect_err(|err| runner.failed(err))
 }
 
 /// Take batches off the queue and run them, at most `settings.pipeline` at once, until every

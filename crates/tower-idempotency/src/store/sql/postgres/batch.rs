@@ -19,7 +19,7 @@ use sqlx::{
 
 use super::{
     queries::{take_over_sql, RELEASE},
-    Codec, CHANNEL, CLAIM_ATTEMPTS,
+    BatchFailures, Codec, CHANNEL, CLAIM_ATTEMPTS,
 };
 use crate::store::sql::TableName;
 use crate::{
@@ -194,6 +194,7 @@ pub(super) enum Answer {
 /// both kinds, so a request shares each with the others' claims and saves alike.
 pub(super) struct ClaimsAndSaves {
     pool: PgPool,
+    failures: Arc<BatchFailures>,
     /// [`CLAIM_MANY`], [`CLAIM_AND_COMPLETE_MANY`] and the one-key release, for the store's
     /// table.
     claim_many: SqlStr,
@@ -202,9 +203,10 @@ pub(super) struct ClaimsAndSaves {
 }
 
 impl ClaimsAndSaves {
-    pub(super) fn new(pool: PgPool, table: &TableName) -> Self {
+    pub(super) fn new(pool: PgPool, failures: Arc<BatchFailures>, table: &TableName) -> Self {
         Self {
             pool,
+            failures,
             claim_many: table.statement(CLAIM_MANY),
             claim_and_complete_many: table.statement(CLAIM_AND_COMPLETE_MANY),
             release: table.statement(RELEASE),
@@ -360,6 +362,10 @@ impl Runner for ClaimsAndSaves {
             Ok(())
         });
     }
+
+    fn failed(&self, _: &StoreError) {
+        self.failures.note();
+    }
 }
 
 impl ClaimsAndSaves {
@@ -482,6 +488,7 @@ pub(super) enum WriteKind {
 /// that were watched.
 pub(super) struct Writes {
     pool: PgPool,
+    failures: Arc<BatchFailures>,
     kind: WriteKind,
     /// The statement of `kind`, for the store's table.
     statement: SqlStr,
@@ -516,16 +523,26 @@ impl Runner for Writes {
             })
             .collect())
     }
+
+    fn failed(&self, _: &StoreError) {
+        self.failures.note();
+    }
 }
 
 impl Writes {
-    pub(super) fn new(pool: PgPool, kind: WriteKind, table: &TableName) -> Self {
+    pub(super) fn new(
+        pool: PgPool,
+        failures: Arc<BatchFailures>,
+        kind: WriteKind,
+        table: &TableName,
+    ) -> Self {
         let template = match kind {
             WriteKind::Release => RELEASE_MANY,
             WriteKind::Renew => RENEW_MANY,
         };
         Self {
             pool,
+            failures,
             kind,
             statement: table.statement(template),
         }

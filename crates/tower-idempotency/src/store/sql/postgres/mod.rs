@@ -43,7 +43,10 @@
 //! key saved in the same batch runs just after the save, and is answered the saved response;
 //! see the group-commit section of the project's design document). The batches run on
 //! connections of their own, with a generic plan forced and table scans off, so a plan made
-//! while the table was empty never scans it. In single-commit mode the claim runs inside the
+//! while the table was empty never scans it. They are not pinged on checkout (a round trip per
+//! batch), except those that sat idle through a failed batch: after a cut network or a restarted
+//! server, one batch fails (503 for its requests) and the next ones find live connections, rather
+//! than one batch failing per dead connection in the pool. In single-commit mode the claim runs inside the
 //! handler's transaction, which no other request can share, so it is not batched; in
 //! transactional mode the claim is batched and the save stays in the handler's transaction.
 //!
@@ -88,7 +91,10 @@
 //! waits on a request's row.
 
 use std::{
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
     time::Duration,
 };
 
@@ -109,7 +115,7 @@ use batch::{Answer, Change, ClaimsAndSaves, Op, Write, WriteKind, Writes};
 use listener::ListenerState;
 use queries::{Queries, NOTIFY};
 
-/// The parameters and the claim row, as both SQL stores bind and read them.
+/// The parameters and the claim row, as every SQL store binds and reads them.
 type Codec = sql::Codec<Postgres>;
 
 /// The `NOTIFY` channel `complete` and `release` announce a key's change on.
@@ -163,15 +169,16 @@ impl PostgresStore {
 
     fn build(pool: PgPool, batching: Batching, table: TableName) -> Self {
         let batches = Arc::new(Counters::default());
-        let batch_pool = batch_pool(&pool, batching);
+        let failures = Arc::new(BatchFailures::new());
+        let batch_pool = batch_pool(&pool, batching, failures.clone());
         let writes = |kind| {
-            let runner = Writes::new(batch_pool.clone(), kind, &table);
+            let runner = Writes::new(batch_pool.clone(), failures.clone(), kind, &table);
             Batcher::new(runner, batching, batches.clone())
         };
         Self {
             inner: Arc::new(Inner {
                 claims_and_saves: Batcher::new(
-                    ClaimsAndSaves::new(batch_pool.clone(), &table),
+                    ClaimsAndSaves::new(batch_pool.clone(), failures.clone(), &table),
                     batching,
                     batches.clone(),
                 ),
@@ -222,7 +229,12 @@ sql_store!(
 /// measured with pgbench, 16-key claims ran at 479 statements/s with custom plans and 1,661 with
 /// the generic one. One generic plan fits every batch: each entry is one index probe.
 /// At most two connections per pipeline slot of each kind of operation are opened, on demand.
-fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
+///
+/// A checkout does not ping (a round trip per batch), except for a connection that has been
+/// idle since a batch last failed: after a cut network or a restarted server every idle
+/// connection may be dead, and each would fail one more batch. A connection returned since
+/// then is alive, as sqlx pings every connection it takes back.
+fn batch_pool(pool: &PgPool, batching: Batching, failures: Arc<BatchFailures>) -> PgPool {
     let options = pool.connect_options().as_ref().clone().options([
         ("plan_cache_mode", "force_generic_plan"),
         // Every batch statement finds its rows by key. A generic plan made while the table
@@ -240,7 +252,49 @@ fn batch_pool(pool: &PgPool, batching: Batching) -> PgPool {
         // A ping on every checkout is a round trip per batch; a dead connection fails the
         // batch's statement instead, which answers 503 like any outage.
         .test_before_acquire(false)
+        .before_acquire(move |connection, meta| {
+            let suspect = failures.since_idle(meta.idle_for);
+            Box::pin(async move {
+                if suspect {
+                    sqlx::Connection::ping(connection).await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_lazy_with(options)
+}
+
+/// When a batch on the store's own connections last failed as a whole.
+#[derive(Debug)]
+struct BatchFailures {
+    started: std::time::Instant,
+    /// Nanoseconds from `started` to the last failure; `u64::MAX` before the first.
+    last: AtomicU64,
+}
+
+impl BatchFailures {
+    fn new() -> Self {
+        Self {
+            started: std::time::Instant::now(),
+            last: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    fn note(&self) {
+        let now = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
+        self.last.store(now, Ordering::Relaxed);
+    }
+
+    /// Whether a connection idle for `idle_for` was already idle when a batch last failed.
+    fn since_idle(&self, idle_for: Duration) -> bool {
+        let last = self.last.load(Ordering::Relaxed);
+        last != u64::MAX
+            && idle_for
+                >= self
+                    .started
+                    .elapsed()
+                    .saturating_sub(Duration::from_nanos(last))
+    }
 }
 
 /// The embedded migrations, written for `idempotency_records`.

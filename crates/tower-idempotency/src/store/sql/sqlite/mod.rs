@@ -113,7 +113,7 @@ mod queries;
 use batch::{Reads, Write, Writes, Written};
 use queries::Queries;
 
-/// The parameters and the claim row, as both SQL stores bind and read them.
+/// The parameters and the claim row, as every SQL store binds and reads them.
 type Codec = sql::Codec<Sqlite>;
 
 /// Batches of reads in SQLite at once: reads in WAL mode do not block each other.
