@@ -51,6 +51,20 @@ async fn migrated_behind_a_proxy() -> (FaultProxy, sqlx::PgPool, PgConnectOption
     (proxy, direct, through_proxy)
 }
 
+/// [`migrated_behind_a_proxy`] with a store on it: the proxy, the direct pool, and a store whose
+/// pool (four connections, opened on demand) and batches go through the proxy.
+async fn a_store_behind_a_proxy(batching: Batching) -> (FaultProxy, sqlx::PgPool, PostgresStore) {
+    let (proxy, direct, through_proxy) = migrated_behind_a_proxy().await;
+    let proxied = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_lazy_with(through_proxy);
+    (
+        proxy,
+        direct,
+        PostgresStore::with_batching(proxied, batching),
+    )
+}
+
 /// A store whose batch statistics the tests read.
 trait Batched: Store + Clone {
     fn batch_stats(&self) -> BatchStats;
@@ -491,14 +505,8 @@ async fn postgres_a_connection_cut_mid_batch_fails_every_entry_and_holds_no_key_
 /// exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_requests_queued_behind_a_hung_batch_get_503_and_leave_no_claim() {
-    let (proxy, direct, through_proxy) = migrated_behind_a_proxy().await;
-    let proxied = PgPoolOptions::new()
-        .max_connections(4)
-        .connect_lazy_with(through_proxy);
-    let store = PostgresStore::with_batching(
-        proxied,
-        Batching::default().timeout(Duration::from_millis(600)),
-    );
+    let (proxy, direct, store) =
+        a_store_behind_a_proxy(Batching::default().timeout(Duration::from_millis(600))).await;
     let executions = Executions::default();
     let app = Router::new()
         .route("/orders", post(create))
@@ -656,11 +664,7 @@ async fn postgres_close_closes_the_batch_connections_and_leaves_the_pool_open() 
 /// connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_after_a_cut_one_batch_fails_and_the_next_ones_reconnect() {
-    let (proxy, _direct, through_proxy) = migrated_behind_a_proxy().await;
-    let proxied = PgPoolOptions::new()
-        .max_connections(4)
-        .connect_lazy_with(through_proxy);
-    let store = PostgresStore::with_batching(proxied, Batching::default().pipeline(4));
+    let (proxy, _, store) = a_store_behind_a_proxy(Batching::default().pipeline(4)).await;
     for _ in 0..20 {
         if proxy.open_connections() >= 3 {
             break;
