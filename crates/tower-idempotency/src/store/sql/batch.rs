@@ -238,9 +238,7 @@ pub(crate) trait Runner: Send + Sync + 'static {
 
     /// The whole batch failed (a lost connection, a timeout): a runner on connections of its
     /// own may stop trusting the idle ones.
-    fn failed(&self, err: &StoreError) {
-        let _ = err;
-    }
+    fn failed(&self) {}
 }
 
 struct Pending<R: Runner> {
@@ -356,7 +354,7 @@ async fn run_bounded<R: Runner>(
                 format!("a batch took longer than {limit:?}"),
             ))
         })
-        .inspect_err(|err| runner.failed(err))
+        .inspect_err(|_| runner.failed())
 }
 
 /// Take batches off the queue and run them, at most `settings.pipeline` at once, until every

@@ -363,7 +363,7 @@ impl Runner for ClaimsAndSaves {
         });
     }
 
-    fn failed(&self, _: &StoreError) {
+    fn failed(&self) {
         self.failures.note();
     }
 }
@@ -524,7 +524,7 @@ impl Runner for Writes {
             .collect())
     }
 
-    fn failed(&self, _: &StoreError) {
+    fn failed(&self) {
         self.failures.note();
     }
 }

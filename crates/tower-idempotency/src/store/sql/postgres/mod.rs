@@ -46,8 +46,8 @@
 //! while the table was empty never scans it. They are not pinged on checkout (a round trip per
 //! batch), except those that sat idle through a failed batch: after a cut network or a restarted
 //! server, one batch fails (503 for its requests) and the next ones find live connections, rather
-//! than one batch failing per dead connection in the pool. In single-commit mode the claim runs inside the
-//! handler's transaction, which no other request can share, so it is not batched; in
+//! than one batch failing per dead connection in the pool. In single-commit mode the claim runs
+//! inside the handler's transaction, which no other request can share, so it is not batched; in
 //! transactional mode the claim is batched and the save stays in the handler's transaction.
 //!
 //! # Migrations
@@ -91,10 +91,7 @@
 //! waits on a request's row.
 
 use std::{
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc, Mutex,
-    },
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -169,7 +166,7 @@ impl PostgresStore {
 
     fn build(pool: PgPool, batching: Batching, table: TableName) -> Self {
         let batches = Arc::new(Counters::default());
-        let failures = Arc::new(BatchFailures::new());
+        let failures = Arc::new(BatchFailures::default());
         let batch_pool = batch_pool(&pool, batching, failures.clone());
         let writes = |kind| {
             let runner = Writes::new(batch_pool.clone(), failures.clone(), kind, &table);
@@ -265,35 +262,20 @@ fn batch_pool(pool: &PgPool, batching: Batching, failures: Arc<BatchFailures>) -
 }
 
 /// When a batch on the store's own connections last failed as a whole.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct BatchFailures {
-    started: std::time::Instant,
-    /// Nanoseconds from `started` to the last failure; `u64::MAX` before the first.
-    last: AtomicU64,
+    last: Mutex<Option<std::time::Instant>>,
 }
 
 impl BatchFailures {
-    fn new() -> Self {
-        Self {
-            started: std::time::Instant::now(),
-            last: AtomicU64::new(u64::MAX),
-        }
-    }
-
     fn note(&self) {
-        let now = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX - 1);
-        self.last.store(now, Ordering::Relaxed);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
     }
 
     /// Whether a connection idle for `idle_for` was already idle when a batch last failed.
     fn since_idle(&self, idle_for: Duration) -> bool {
-        let last = self.last.load(Ordering::Relaxed);
-        last != u64::MAX
-            && idle_for
-                >= self
-                    .started
-                    .elapsed()
-                    .saturating_sub(Duration::from_nanos(last))
+        let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.is_some_and(|failed| idle_for >= failed.elapsed())
     }
 }
 
