@@ -584,7 +584,8 @@ async fn postgres_many_claims_of_one_key_share_one_statement() {
         outcome.as_ref().unwrap(),
         ClaimOutcome::Claimed { .. } | ClaimOutcome::InFlight { .. }
     )));
-    // One statement and the pool's ping on release; one statement per claim would be 20.
+    // One statement (its connection is kept for the next batch, unpinged); one per claim
+    // would be 20.
     assert!(
         used.round_trips <= 4,
         "twenty claims of one key took {} round trips",
@@ -613,6 +614,38 @@ async fn postgres_many_claims_of_one_key_share_one_statement() {
     assert!(
         used.round_trips <= 4,
         "twenty replays of one key took {} round trips",
+        used.round_trips
+    );
+}
+
+/// A batch's connection goes to the next batch without the ping sqlx sends when a connection
+/// goes back to its pool: ten claims and their saves one after another, each its own batch,
+/// cost twenty round trips, not forty. Counted on the wire, through a proxy.
+#[tokio::test]
+async fn postgres_back_to_back_batches_reuse_their_connection_unpinged() {
+    let (proxy, _, store) = a_store_behind_a_proxy(Batching::default()).await;
+    // Opens the batch connection, so the counts below are statements only.
+    let warm = claim_of(random_key(), "warm", LONG, DAY);
+    assert_eq!(store.claim(&warm).await.unwrap(), claimed(false));
+
+    let before = proxy.traffic();
+    for n in 0..10 {
+        let claim = claim_of(random_key(), &format!("one after another {n}"), LONG, DAY);
+        assert_eq!(
+            bounded("a claim", store.claim(&claim)).await.unwrap(),
+            claimed(false)
+        );
+        let saved = bounded(
+            "a save",
+            store.complete(&claim.key, claim.token, &response()),
+        )
+        .await;
+        assert!(saved.unwrap().applied());
+    }
+    let used = proxy.traffic().since(before);
+    assert!(
+        used.round_trips <= 22,
+        "ten claims and ten saves, one batch each, took {} round trips",
         used.round_trips
     );
 }

@@ -13,13 +13,14 @@ use std::{
 };
 
 use sqlx::{
-    postgres::{PgPool, PgRow},
-    Row, SqlStr,
+    postgres::{PgArguments, PgConnection, PgRow},
+    query::Query,
+    Postgres, Row, SqlStr,
 };
 
 use super::{
     queries::{take_over_sql, RELEASE},
-    BatchFailures, Codec, CHANNEL, CLAIM_ATTEMPTS,
+    BatchConnection, BatchConnections, Codec, CHANNEL, CLAIM_ATTEMPTS,
 };
 use crate::store::sql::TableName;
 use crate::{
@@ -193,8 +194,7 @@ pub(super) enum Answer {
 /// Each request waits on two commits of its own, the claim's and the save's, but a batch holds
 /// both kinds, so a request shares each with the others' claims and saves alike.
 pub(super) struct ClaimsAndSaves {
-    pool: PgPool,
-    failures: Arc<BatchFailures>,
+    connections: Arc<BatchConnections>,
     /// [`CLAIM_MANY`], [`CLAIM_AND_COMPLETE_MANY`] and the one-key release, for the store's
     /// table.
     claim_many: SqlStr,
@@ -203,10 +203,9 @@ pub(super) struct ClaimsAndSaves {
 }
 
 impl ClaimsAndSaves {
-    pub(super) fn new(pool: PgPool, failures: Arc<BatchFailures>, table: &TableName) -> Self {
+    pub(super) fn new(connections: Arc<BatchConnections>, table: &TableName) -> Self {
         Self {
-            pool,
-            failures,
+            connections,
             claim_many: table.statement(CLAIM_MANY),
             claim_and_complete_many: table.statement(CLAIM_AND_COMPLETE_MANY),
             release: table.statement(RELEASE),
@@ -331,17 +330,20 @@ impl Runner for ClaimsAndSaves {
     /// in the next round.
     async fn run(&self, ops: &[Op]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
         let mut answers = Answers::new(ops);
+        let mut connection = self.connections.acquire().await?;
         for _ in 0..ops.len() + CLAIM_ATTEMPTS {
             let (round, first_of_key) = answers.round();
             if round.is_empty() && answers.saves.is_empty() {
                 break;
             }
             let saves = answers.saves.clone();
-            let rows = retry_conflicts(|| self.statement(ops, &round, &saves)).await?;
+            let statement = || self.statement(ops, &round, &saves);
+            let rows = fetch_all_retrying(&mut connection, statement).await?;
             answers.take(&rows, &round)?;
             answers.answer_duplicates(&first_of_key);
         }
-        notify(&self.pool, std::mem::take(&mut answers.watched)).await?;
+        notify(&mut connection, std::mem::take(&mut answers.watched)).await?;
+        self.connections.park(connection);
         Ok(answers
             .answers
             .into_iter()
@@ -355,7 +357,7 @@ impl Runner for ClaimsAndSaves {
         let (Op::Claim(claim), Answer::Claim(ClaimOutcome::Claimed { .. })) = (op, answer) else {
             return;
         };
-        let (pool, release) = (self.pool.clone(), self.release.clone());
+        let (pool, release) = (self.connections.pool().clone(), self.release.clone());
         sql::release_abandoned(async move {
             let held = Codec::held(&claim.key, claim.token)?;
             sqlx::query_with(release, held).execute(&pool).await?;
@@ -364,18 +366,14 @@ impl Runner for ClaimsAndSaves {
     }
 
     fn failed(&self) {
-        self.failures.note();
+        self.connections.failed();
     }
 }
 
 impl ClaimsAndSaves {
-    /// One round: the claims `round` of `ops`, with the saves `saves` when there are any.
-    async fn statement(
-        &self,
-        ops: &[Op],
-        round: &[usize],
-        saves: &[usize],
-    ) -> Result<Vec<PgRow>, StoreError> {
+    /// One round's statement: the claims `round` of `ops`, with the saves `saves` when there
+    /// are any.
+    fn statement<'q>(&self, ops: &'q [Op], round: &[usize], saves: &[usize]) -> PgQuery<'q> {
         let claims = || {
             round.iter().filter_map(|&i| match &ops[i] {
                 Op::Claim(claim) => Some(claim),
@@ -396,16 +394,12 @@ impl ClaimsAndSaves {
         if !saves.is_empty() {
             query = bind_saves(query, ops, saves);
         }
-        Ok(query.fetch_all(&self.pool).await?)
+        query
     }
 }
 
 /// Bind the saves `saves` of `ops` as [`CLAIM_AND_COMPLETE_MANY`]'s `$6` to `$10`.
-fn bind_saves<'q>(
-    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    ops: &'q [Op],
-    saves: &[usize],
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+fn bind_saves<'q>(query: PgQuery<'q>, ops: &'q [Op], saves: &[usize]) -> PgQuery<'q> {
     let (mut keys, mut tokens, mut statuses, mut headers, mut bodies) =
         (vec![], vec![], vec![], vec![], vec![]);
     for &i in saves {
@@ -432,30 +426,38 @@ fn bind_saves<'q>(
         .bind(bodies)
 }
 
+/// A batch statement with its arrays bound.
+type PgQuery<'q> = Query<'q, Postgres, PgArguments>;
+
 /// Tell the waiters of the `watched` records (hex keys) that they changed.
-async fn notify(pool: &PgPool, watched: Vec<String>) -> Result<(), StoreError> {
+async fn notify(connection: &mut PgConnection, watched: Vec<String>) -> Result<(), StoreError> {
     if !watched.is_empty() {
         sqlx::query(NOTIFY_MANY)
             .bind(CHANNEL)
             .bind(watched)
-            .execute(pool)
+            .execute(connection)
             .await?;
     }
     Ok(())
 }
 
-/// Run `statement` again while the database aborts it over a conflict with a concurrent one.
-async fn retry_conflicts<T, F>(mut statement: impl FnMut() -> F) -> Result<T, StoreError>
-where
-    F: std::future::Future<Output = Result<T, StoreError>>,
-{
+/// Run the statement `query` makes, again while the database aborts it over a conflict with a
+/// concurrent one (nothing was written; the connection stays usable).
+async fn fetch_all_retrying<'q>(
+    connection: &mut BatchConnection,
+    query: impl Fn() -> PgQuery<'q>,
+) -> Result<Vec<PgRow>, StoreError> {
     let mut attempt = 1;
     loop {
-        match statement().await {
-            Err(err) if err.kind() == StoreErrorKind::Conflict && attempt < CONFLICT_ATTEMPTS => {
+        match query().fetch_all(&mut **connection).await {
+            Err(err) => {
+                let err = StoreError::from(err);
+                if err.kind() != StoreErrorKind::Conflict || attempt >= CONFLICT_ATTEMPTS {
+                    return Err(err);
+                }
                 attempt += 1;
             }
-            other => return other,
+            Ok(rows) => return Ok(rows),
         }
     }
 }
@@ -487,8 +489,7 @@ pub(super) enum WriteKind {
 /// Runs batches of token-checked writes of one kind, then notifies the waiters of the records
 /// that were watched.
 pub(super) struct Writes {
-    pool: PgPool,
-    failures: Arc<BatchFailures>,
+    connections: Arc<BatchConnections>,
     kind: WriteKind,
     /// The statement of `kind`, for the store's table.
     statement: SqlStr,
@@ -499,7 +500,8 @@ impl Runner for Writes {
     type Output = Fenced;
 
     async fn run(&self, writes: &[Write]) -> Result<Vec<Result<Fenced, StoreError>>, StoreError> {
-        let rows = retry_conflicts(|| self.write_many(writes)).await?;
+        let mut connection = self.connections.acquire().await?;
+        let rows = fetch_all_retrying(&mut connection, || self.write_many(writes)).await?;
         let mut applied: HashMap<([u8; 32], uuid::Uuid), bool> = HashMap::new();
         for row in &rows {
             let key: Vec<u8> = row.try_get("key")?;
@@ -513,7 +515,8 @@ impl Runner for Writes {
             .filter(|w| applied.get(&(w.key.0, w.token.as_uuid())) == Some(&true))
             .map(|w| w.key.to_hex())
             .collect();
-        notify(&self.pool, watched).await?;
+        notify(&mut connection, watched).await?;
+        self.connections.park(connection);
         Ok(writes
             .iter()
             .map(|w| {
@@ -525,14 +528,13 @@ impl Runner for Writes {
     }
 
     fn failed(&self) {
-        self.failures.note();
+        self.connections.failed();
     }
 }
 
 impl Writes {
     pub(super) fn new(
-        pool: PgPool,
-        failures: Arc<BatchFailures>,
+        connections: Arc<BatchConnections>,
         kind: WriteKind,
         table: &TableName,
     ) -> Self {
@@ -541,18 +543,17 @@ impl Writes {
             WriteKind::Renew => RENEW_MANY,
         };
         Self {
-            pool,
-            failures,
+            connections,
             kind,
             statement: table.statement(template),
         }
     }
 
-    async fn write_many(&self, writes: &[Write]) -> Result<Vec<PgRow>, StoreError> {
+    fn write_many<'q>(&self, writes: &'q [Write]) -> PgQuery<'q> {
         let query = sqlx::query(self.statement.clone())
             .bind(writes.iter().map(|w| w.key.0).collect::<Vec<_>>())
             .bind(writes.iter().map(|w| w.token.as_uuid()).collect::<Vec<_>>());
-        let query = match self.kind {
+        match self.kind {
             WriteKind::Release => query,
             WriteKind::Renew => query.bind(
                 writes
@@ -564,7 +565,6 @@ impl Writes {
                     })
                     .collect::<Vec<_>>(),
             ),
-        };
-        Ok(query.fetch_all(&self.pool).await?)
+        }
     }
 }

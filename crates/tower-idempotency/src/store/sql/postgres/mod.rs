@@ -46,7 +46,9 @@
 //! while the table was empty never scans it. They are not pinged on checkout (a round trip per
 //! batch), except those that sat idle through a failed batch: after a cut network or a restarted
 //! server, one batch fails (503 for its requests) and the next ones find live connections, rather
-//! than one batch failing per dead connection in the pool. In single-commit mode the claim runs
+//! than one batch failing per dead connection in the pool. Nor are they pinged on their way back:
+//! a batch that succeeded keeps its connection for the next one (sqlx pings every connection it
+//! takes back into a pool). In single-commit mode the claim runs
 //! inside the handler's transaction, which no other request can share, so it is not batched; in
 //! transactional mode the claim is batched and the save stays in the handler's transaction.
 //!
@@ -95,7 +97,10 @@ use std::{
     time::Duration,
 };
 
-use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions, Postgres};
+use sqlx::{
+    pool::PoolConnection,
+    postgres::{PgConnection, PgPool, PgPoolOptions, Postgres},
+};
 use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
@@ -141,8 +146,8 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: PgPool,
-    /// The batches' own connections (see [`batch_pool`]).
-    batch_pool: PgPool,
+    /// The batches' own connections (see [`BatchConnections`]).
+    connections: Arc<BatchConnections>,
     batching: Batching,
     table: TableName,
     queries: Queries,
@@ -166,16 +171,15 @@ impl PostgresStore {
 
     fn build(pool: PgPool, batching: Batching, table: TableName) -> Self {
         let batches = Arc::new(Counters::default());
-        let failures = Arc::new(BatchFailures::default());
-        let batch_pool = batch_pool(&pool, batching, failures.clone());
+        let connections = Arc::new(BatchConnections::new(&pool, batching));
         let writes = |kind| {
-            let runner = Writes::new(batch_pool.clone(), failures.clone(), kind, &table);
+            let runner = Writes::new(connections.clone(), kind, &table);
             Batcher::new(runner, batching, batches.clone())
         };
         Self {
             inner: Arc::new(Inner {
                 claims_and_saves: Batcher::new(
-                    ClaimsAndSaves::new(batch_pool.clone(), failures.clone(), &table),
+                    ClaimsAndSaves::new(connections.clone(), &table),
                     batching,
                     batches.clone(),
                 ),
@@ -183,7 +187,7 @@ impl PostgresStore {
                 renewals: writes(WriteKind::Renew),
                 batches,
                 pool,
-                batch_pool,
+                connections,
                 batching,
                 queries: Queries::new(&table),
                 table,
@@ -206,7 +210,7 @@ impl PostgresStore {
     /// # }
     /// ```
     pub async fn close(&self) {
-        self.inner.batch_pool.close().await;
+        self.inner.connections.close().await;
     }
 }
 
@@ -217,20 +221,138 @@ sql_store!(
     batching: "concurrent claims, saves, releases and renewals share statements"
 );
 
-/// The connections the batches run on: the pool's own options, outside the pool, so batches
-/// never wait behind the application's queries for a connection, with generic plans forced and
-/// no ping before each batch.
+/// The connections the batches run on: the pool's own options, in a pool of their own, so
+/// batches never wait behind the application's queries for a connection, with generic plans
+/// forced and no ping before each batch; and the connections kept between batches.
 ///
 /// The batch statements take arrays, and PostgreSQL would otherwise plan every execution anew for
 /// the arrays' actual contents (a custom plan), which for the claim costs more than running it:
 /// measured with pgbench, 16-key claims ran at 479 statements/s with custom plans and 1,661 with
 /// the generic one. One generic plan fits every batch: each entry is one index probe.
-/// At most two connections per pipeline slot of each kind of operation are opened, on demand.
+/// At most four connections per pipeline slot are opened, on demand.
 ///
 /// A checkout does not ping (a round trip per batch), except for a connection that has been
 /// idle since a batch last failed: after a cut network or a restarted server every idle
 /// connection may be dead, and each would fail one more batch. A connection returned since
 /// then is alive, as sqlx pings every connection it takes back.
+///
+/// That ping on return is a round trip per batch too, so a connection whose batch succeeded is
+/// parked here for the next batch instead of going back to the pool. A parked connection goes
+/// back (and is pinged) once it has run [`PARKED_BATCHES`] batches, so the pool's lifetime
+/// rules still apply to it, or when it is taken after [`PARKED_FOR`] idle or after a failed
+/// batch; a batch that fails drops its connection, which sqlx then tests.
+struct BatchConnections {
+    pool: PgPool,
+    failures: Arc<BatchFailures>,
+    parked: Mutex<Vec<Parked>>,
+}
+
+/// How many batches in a row a connection runs before it goes back to the pool.
+const PARKED_BATCHES: u32 = 1_000;
+/// How long a connection may wait parked; past this it goes back to the pool.
+const PARKED_FOR: Duration = Duration::from_secs(10);
+
+/// A connection for one batch: [`BatchConnections::park`] it after the batch succeeded.
+pub(super) struct BatchConnection {
+    connection: PoolConnection<Postgres>,
+    /// The batches it ran since it left the pool.
+    batches: u32,
+}
+
+impl std::ops::Deref for BatchConnection {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.connection
+    }
+}
+
+impl std::ops::DerefMut for BatchConnection {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.connection
+    }
+}
+
+struct Parked {
+    connection: BatchConnection,
+    since: std::time::Instant,
+}
+
+impl BatchConnections {
+    fn new(pool: &PgPool, batching: Batching) -> Self {
+        let failures = Arc::new(BatchFailures::default());
+        Self {
+            pool: batch_pool(pool, batching, failures.clone()),
+            failures,
+            parked: Mutex::default(),
+        }
+    }
+
+    /// The pool the batches' connections come from.
+    pub(super) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// A parked connection still fit for a batch, or one from the pool.
+    pub(super) async fn acquire(&self) -> Result<BatchConnection, StoreError> {
+        let mut unfit = Vec::new();
+        let parked = {
+            let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                match parked.pop() {
+                    None => break None,
+                    Some(p) => {
+                        let idle = p.since.elapsed();
+                        if idle < PARKED_FOR && !self.failures.since_idle(idle) {
+                            break Some(p.connection);
+                        }
+                        unfit.push(p);
+                    }
+                }
+            }
+        };
+        // Dropped outside the lock: each goes back to the pool, which pings it.
+        drop(unfit);
+        match parked {
+            Some(connection) => Ok(connection),
+            None => Ok(BatchConnection {
+                connection: self.pool.acquire().await?,
+                batches: 0,
+            }),
+        }
+    }
+
+    /// Keep `connection`, whose batch succeeded, for the next batch.
+    pub(super) fn park(&self, mut connection: BatchConnection) {
+        connection.batches += 1;
+        if connection.batches >= PARKED_BATCHES {
+            return;
+        }
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        // Checked under the lock `close` drains with, so nothing is parked after it drained.
+        if !self.pool.is_closed() {
+            parked.push(Parked {
+                connection,
+                since: std::time::Instant::now(),
+            });
+        }
+    }
+
+    /// A batch failed as a whole: its connection may be dead, and so may the idle ones.
+    pub(super) fn failed(&self) {
+        self.failures.note();
+    }
+
+    async fn close(&self) {
+        // Marks the pool closed at once; it finishes when every connection is back.
+        let closing = self.pool.close();
+        let parked = std::mem::take(&mut *self.parked.lock().unwrap_or_else(|p| p.into_inner()));
+        drop(parked);
+        closing.await;
+    }
+}
+
+/// The pool of [`BatchConnections`].
 fn batch_pool(pool: &PgPool, batching: Batching, failures: Arc<BatchFailures>) -> PgPool {
     let options = pool.connect_options().as_ref().clone().options([
         ("plan_cache_mode", "force_generic_plan"),
