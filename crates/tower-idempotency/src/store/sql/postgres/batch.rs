@@ -145,6 +145,18 @@ FROM saved
 "#
 );
 
+/// The saves of [`CLAIM_AND_COMPLETE_MANY`] alone, for a round with no claim: a lone save (one
+/// worker's batches hold one operation each) would otherwise run every claim CTE of that
+/// statement on empty arrays.
+const COMPLETE_MANY: &str = r#"
+UPDATE idempotency_records AS s
+SET state = 'done', status = u.status, headers = u.headers, body = u.body
+FROM unnest($1::bytea[], $2::uuid[], $3::integer[], $4::bytea[], $5::bytea[])
+    WITH ORDINALITY AS u(key, token, status, headers, body, n)
+WHERE s.key = u.key AND s.token = u.token AND s.state = 'running'
+RETURNING u.n, 'saved'::text AS outcome, s.watched AS taken_over
+"#;
+
 /// Delete many running records, each held with its token; one row per record deleted.
 const RELEASE_MANY: &str = r#"
 DELETE FROM idempotency_records AS r
@@ -190,15 +202,17 @@ pub(super) enum Answer {
 }
 
 /// Runs batches of claims and saves: the saves and the first round of claims in one statement
-/// ([`CLAIM_AND_COMPLETE_MANY`]), or the claims alone ([`CLAIM_MANY`]) when nothing is saved.
+/// ([`CLAIM_AND_COMPLETE_MANY`]), or the claims alone ([`CLAIM_MANY`]) when nothing is saved,
+/// or the saves alone ([`COMPLETE_MANY`]) when nothing is claimed.
 /// Each request waits on two commits of its own, the claim's and the save's, but a batch holds
 /// both kinds, so a request shares each with the others' claims and saves alike.
 pub(super) struct ClaimsAndSaves {
     connections: Arc<BatchConnections>,
-    /// [`CLAIM_MANY`], [`CLAIM_AND_COMPLETE_MANY`] and the one-key release, for the store's
-    /// table.
+    /// [`CLAIM_MANY`], [`CLAIM_AND_COMPLETE_MANY`], [`COMPLETE_MANY`] and the one-key release,
+    /// for the store's table.
     claim_many: SqlStr,
     claim_and_complete_many: SqlStr,
+    complete_many: SqlStr,
     release: SqlStr,
 }
 
@@ -208,6 +222,7 @@ impl ClaimsAndSaves {
             connections,
             claim_many: table.statement(CLAIM_MANY),
             claim_and_complete_many: table.statement(CLAIM_AND_COMPLETE_MANY),
+            complete_many: table.statement(COMPLETE_MANY),
             release: table.statement(RELEASE),
         }
     }
@@ -380,6 +395,9 @@ impl ClaimsAndSaves {
                 Op::Complete { .. } => None,
             })
         };
+        if round.is_empty() {
+            return bind_saves(sqlx::query(self.complete_many.clone()), ops, saves);
+        }
         let statement = if saves.is_empty() {
             self.claim_many.clone()
         } else {
@@ -398,7 +416,8 @@ impl ClaimsAndSaves {
     }
 }
 
-/// Bind the saves `saves` of `ops` as [`CLAIM_AND_COMPLETE_MANY`]'s `$6` to `$10`.
+/// Bind the saves `saves` of `ops` as the next five parameters: [`CLAIM_AND_COMPLETE_MANY`]'s `$6`
+/// to `$10`, [`COMPLETE_MANY`]'s `$1` to `$5`.
 fn bind_saves<'q>(query: PgQuery<'q>, ops: &'q [Op], saves: &[usize]) -> PgQuery<'q> {
     let (mut keys, mut tokens, mut statuses, mut headers, mut bodies) =
         (vec![], vec![], vec![], vec![], vec![]);
