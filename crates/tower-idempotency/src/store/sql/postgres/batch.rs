@@ -468,15 +468,15 @@ async fn fetch_all_retrying<'q>(
 ) -> Result<Vec<PgRow>, StoreError> {
     let mut attempt = 1;
     loop {
-        match query().fetch_all(&mut **connection).await {
-            Err(err) => {
-                let err = StoreError::from(err);
-                if err.kind() != StoreErrorKind::Conflict || attempt >= CONFLICT_ATTEMPTS {
-                    return Err(err);
-                }
+        match query()
+            .fetch_all(&mut **connection)
+            .await
+            .map_err(StoreError::from)
+        {
+            Err(err) if err.kind() == StoreErrorKind::Conflict && attempt < CONFLICT_ATTEMPTS => {
                 attempt += 1;
             }
-            Ok(rows) => return Ok(rows),
+            other => return other,
         }
     }
 }

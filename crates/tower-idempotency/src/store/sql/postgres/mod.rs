@@ -106,7 +106,7 @@ use tokio::{sync::watch, time::Instant};
 pub use sqlx;
 
 use super::prelude::*;
-use crate::store::error::StoreErrorKind;
+use crate::store::{error::StoreErrorKind, waiters::lock};
 
 mod batch;
 pub(in crate::store) mod error;
@@ -295,25 +295,21 @@ impl BatchConnections {
 
     /// A parked connection still fit for a batch, or one from the pool.
     pub(super) async fn acquire(&self) -> Result<BatchConnection, StoreError> {
-        let mut unfit = Vec::new();
-        let parked = {
-            let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
-            loop {
-                match parked.pop() {
-                    None => break None,
-                    Some(p) => {
-                        let idle = p.since.elapsed();
-                        if idle < PARKED_FOR && !self.failures.since_idle(idle) {
-                            break Some(p.connection);
-                        }
-                        unfit.push(p);
-                    }
+        let (mut fit, mut unfit) = (None, Vec::new());
+        {
+            let mut parked = lock(&self.parked);
+            while let Some(p) = parked.pop() {
+                let idle = p.since.elapsed();
+                if idle < PARKED_FOR && !self.failures.since_idle(idle) {
+                    fit = Some(p.connection);
+                    break;
                 }
+                unfit.push(p);
             }
-        };
+        }
         // Dropped outside the lock: each goes back to the pool, which pings it.
         drop(unfit);
-        match parked {
+        match fit {
             Some(connection) => Ok(connection),
             None => Ok(BatchConnection {
                 connection: self.pool.acquire().await?,
@@ -328,7 +324,7 @@ impl BatchConnections {
         if connection.batches >= PARKED_BATCHES {
             return;
         }
-        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let mut parked = lock(&self.parked);
         // Checked under the lock `close` drains with, so nothing is parked after it drained.
         if !self.pool.is_closed() {
             parked.push(Parked {
@@ -346,7 +342,7 @@ impl BatchConnections {
     async fn close(&self) {
         // Marks the pool closed at once; it finishes when every connection is back.
         let closing = self.pool.close();
-        let parked = std::mem::take(&mut *self.parked.lock().unwrap_or_else(|p| p.into_inner()));
+        let parked = std::mem::take(&mut *lock(&self.parked));
         drop(parked);
         closing.await;
     }
@@ -391,12 +387,12 @@ struct BatchFailures {
 
 impl BatchFailures {
     fn note(&self) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+        *lock(&self.last) = Some(std::time::Instant::now());
     }
 
     /// Whether a connection idle for `idle_for` was already idle when a batch last failed.
     fn since_idle(&self, idle_for: Duration) -> bool {
-        let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let last = *lock(&self.last);
         last.is_some_and(|failed| idle_for >= failed.elapsed())
     }
 }
