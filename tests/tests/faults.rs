@@ -680,6 +680,62 @@ async fn postgres_cut_after_the_commit_keeps_both_and_the_retry_replays() {
     assert_eq!(server.state.executions_of("answer-lost"), 1);
 }
 
+/// The handler's transaction begins on an idle connection without the pool's checkout ping:
+/// a first-time request in transactional mode, counted on the wire once the pool is whole
+/// again, costs the claim, `BEGIN`, the handler's `INSERT`, the save, `COMMIT` and sqlx's ping
+/// when the connection goes back: six round trips (seven with the checkout ping).
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_transaction_begins_on_an_idle_connection_without_a_ping() {
+    let db = postgres(4).await;
+    let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
+    // Opens the batch connection and the handler's, so the count below is statements only.
+    assert_eq!(server.post("/work", "warm").await.status, StatusCode::CREATED);
+    db.wait_pool_whole(4).await;
+
+    let before = db.proxy.traffic();
+    let first = server.post("/work", "counted").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    db.wait_pool_whole(4).await;
+    let used = db.proxy.traffic().since(before);
+    assert_eq!(
+        used.round_trips, 6,
+        "a transactional first-time request took {} round trips",
+        used.round_trips
+    );
+    assert_eq!(db.work_rows("counted").await, 1);
+}
+
+/// An idle connection that died in the pool (its backend terminated) fails only its own
+/// `BEGIN`: the transaction begins on a connection checked out as the pool's options say, and
+/// the request succeeds, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_a_dead_idle_connection_does_not_fail_the_transaction() {
+    let db = postgres(4).await;
+    let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
+    assert_eq!(server.post("/work", "warm").await.status, StatusCode::CREATED);
+    db.wait_pool_whole(4).await;
+    // The handler's connection, idle in the pool since its COMMIT; the store's batch
+    // connections last ran a batch statement and are left alone.
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND state = 'idle' AND query = 'COMMIT'",
+    )
+    .fetch_all(&db.direct)
+    .await
+    .unwrap();
+    assert!(
+        !terminated.is_empty() && terminated.iter().all(|&done| done),
+        "no idle handler connection to terminate: {terminated:?}"
+    );
+
+    let reply = server.post("/work", "after-the-kill").await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    assert!(!reply.replayed);
+    assert_eq!(db.work_rows("after-the-kill").await, 1);
+    assert_eq!(server.state.executions_of("after-the-kill"), 1);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_connection() {
     let max_connections = 4;

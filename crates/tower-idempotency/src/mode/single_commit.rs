@@ -61,7 +61,7 @@ use http::Extensions;
 use sqlx::Postgres;
 
 use super::{
-    transactional::{IdempotencyTransaction, Transactional},
+    transactional::{begin_transaction, IdempotencyTransaction, Transactional},
     Mode, Save, SaveFailure, Sealed,
 };
 use crate::{
@@ -85,7 +85,7 @@ impl Mode<PostgresStore> for SingleCommit {
         store: &Arc<PostgresStore>,
         claim: &Claim,
     ) -> Result<(ClaimOutcome, Option<Self::RunState>), StoreError> {
-        let tx = TransactionalStore::pool(store.as_ref()).begin().await?;
+        let tx = begin_transaction(TransactionalStore::pool(store.as_ref()), None).await?;
         let run = IdempotencyTransaction::open(tx);
         let outcome = {
             let Some(mut tx) = run.open_guard().await else {

@@ -26,8 +26,11 @@
 //! The layer claims the key first (committed on its own, so duplicates see it at once), then the
 //! handler begins the transaction on its first call to [`IdempotencyTransaction::begin`]: a handler
 //! that first calls a slow payment provider holds no pooled connection (and no SQLite write lock)
-//! meanwhile. When the handler answers, the layer saves the response inside the transaction,
-//! checking the fencing token, and commits. So:
+//! meanwhile. The transaction begins on an idle connection of the pool when there is one, without
+//! the pool's checkout ping: the `BEGIN` tells as much, and a connection that died while idle
+//! fails it and is replaced by one checked out as the pool's options say (the pool's
+//! `before_acquire` hook does not run for a connection taken idle). When the handler answers, the
+//! layer saves the response inside the transaction, checking the fencing token, and commits. So:
 //!
 //! - a crash before the commit rolls back the work and the saved answer together; the lease then
 //!   frees the key and the retry does the work exactly once;
@@ -164,10 +167,7 @@ impl<DB: sqlx::Database> IdempotencyTransaction<DB> {
                 Some(writers) => Some(writers.clone().lock_owned().await),
                 None => None,
             };
-            let tx = match begin.statement {
-                Some(statement) => begin.pool.begin_with(statement).await?,
-                None => begin.pool.begin().await?,
-            };
+            let tx = begin_transaction(&begin.pool, begin.statement).await?;
             *state = TxState::Open(tx, writer);
         }
         match &*state {
@@ -230,6 +230,40 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
             SaveFailure::FencedOut => Rejection::LeaseLost { retry_after: lease },
             SaveFailure::Failed(err) => Rejection::for_store_error(err),
         })
+    }
+}
+
+/// Begin a transaction on `pool` with `statement` (`BEGIN` when `None`), on an idle connection
+/// without the checkout test when the pool has one.
+///
+/// A pool with `test_before_acquire` (sqlx's default) pings every connection it hands out, and
+/// the transaction's `BEGIN` is one more round trip right after: two per transaction where one
+/// tells as much, since a dead connection fails the `BEGIN` as surely as the ping. An idle
+/// connection was alive when it went back (sqlx pings every connection it takes back), so it is
+/// taken as it is; if its `BEGIN` fails (a connection that died while idle), it is dropped and
+/// the transaction begins on a connection checked out as the pool's options say. The pool's
+/// `before_acquire` hook does not run for a connection taken idle; with `test_before_acquire`
+/// off, every transaction is checked out as the pool's options say.
+pub(crate) async fn begin_transaction<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    statement: Option<&'static str>,
+) -> Result<sqlx::Transaction<'static, DB>, sqlx::Error> {
+    if pool.options().get_test_before_acquire() {
+        let idle = match statement {
+            Some(statement) => pool.try_begin_with(statement).await,
+            None => pool.try_begin().await,
+        };
+        match idle {
+            Ok(Some(tx)) => return Ok(tx),
+            Ok(None) => {}
+            Err(err) => {
+                tracing::debug!(target: "tower_idempotency", error = %err, "an idle connection failed to begin the transaction; checking one out");
+            }
+        }
+    }
+    match statement {
+        Some(statement) => pool.begin_with(statement).await,
+        None => pool.begin().await,
     }
 }
 
