@@ -689,7 +689,10 @@ async fn postgres_transaction_begins_on_an_idle_connection_without_a_ping() {
     let db = postgres(4).await;
     let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
     // Opens the batch connection and the handler's, so the count below is statements only.
-    assert_eq!(server.post("/work", "warm").await.status, StatusCode::CREATED);
+    assert_eq!(
+        server.post("/work", "warm").await.status,
+        StatusCode::CREATED
+    );
     db.wait_pool_whole(4).await;
 
     let before = db.proxy.traffic();
@@ -712,7 +715,10 @@ async fn postgres_transaction_begins_on_an_idle_connection_without_a_ping() {
 async fn postgres_a_dead_idle_connection_does_not_fail_the_transaction() {
     let db = postgres(4).await;
     let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
-    assert_eq!(server.post("/work", "warm").await.status, StatusCode::CREATED);
+    assert_eq!(
+        server.post("/work", "warm").await.status,
+        StatusCode::CREATED
+    );
     db.wait_pool_whole(4).await;
     // The handler's connection, idle in the pool since its COMMIT; the store's batch
     // connections last ran a batch statement and are left alone.
