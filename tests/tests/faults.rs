@@ -11,6 +11,7 @@
 //! | cut after the `COMMIT`, before its answer | 503, work committed with the answer; the retry replays |
 //! | 2 s latency, 500 ms store timeout (standard and wait mode) | 503 within about the timeout; the pool is whole afterwards |
 //! | 2 s latency from the save in the transaction on | 503 within about the timeout; the work rolls back |
+//! | idle pooled connections killed by the server | the claim's read and the transaction's `BEGIN` move to a checked-out connection: 201, once |
 
 use std::{
     collections::HashMap,
@@ -893,6 +894,54 @@ async fn mysql_cut_after_the_commit_keeps_both_and_the_retry_replays() {
     assert!(retry.replayed, "the retry must replay the committed answer");
     assert_eq!(db.work_rows("answer-lost").await, 1);
     assert_eq!(server.state.executions_of("answer-lost"), 1);
+}
+
+/// Connections that died idle in the pool (killed by the server) fail only their own first
+/// statement: the claim's read runs again on a connection checked out as the pool's options
+/// say, the handler's transaction begins on one, and the request succeeds, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_dead_idle_connections_do_not_fail_the_claim_or_the_transaction() {
+    let db = mysql(4).await;
+    let server = serve(db.layer().transactional(), db.proxy.clone()).await;
+    assert_eq!(
+        server.post("/my-work", "warm").await.status,
+        StatusCode::CREATED
+    );
+    db.wait_pool_whole(4).await;
+    let idle = "SELECT id FROM information_schema.processlist
+                WHERE db = DATABASE() AND command = 'Sleep' AND id <> CONNECTION_ID()";
+    let ids: Vec<i64> = sqlx::query_scalar(idle)
+        .fetch_all(&db.direct)
+        .await
+        .unwrap();
+    assert!(!ids.is_empty(), "no idle connection to kill");
+    for id in &ids {
+        sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+            .execute(&db.direct)
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left: Vec<i64> = sqlx::query_scalar(idle)
+            .fetch_all(&db.direct)
+            .await
+            .unwrap();
+        if !left.iter().any(|id| ids.contains(id)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "killed connections stayed: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let reply = server.post("/my-work", "after-the-kill").await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    assert!(!reply.replayed);
+    assert_eq!(db.work_rows("after-the-kill").await, 1);
+    assert_eq!(server.state.executions_of("after-the-kill"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -107,6 +107,16 @@ impl Runner for Reads {
         // In a task of its own, so a batch timeout or a dropped request never stops the
         // statement halfway through MySQL's protocol.
         let (rows, conn) = detached(async move {
+            // An idle connection as it is, without the checkout ping (a round trip): every idle
+            // connection was pinged when it went back. A read is safe to run again, so one that
+            // died while idle costs its read a second try on a connection checked out as the
+            // pool's options say.
+            if let Some(mut conn) = pool.try_acquire() {
+                let read = sqlx::query_with(statement.clone(), arguments.clone());
+                if let Ok(rows) = read.fetch_all(&mut *conn).await {
+                    return Ok((rows, conn));
+                }
+            }
             let mut conn = pool.acquire().await?;
             let rows = sqlx::query_with(statement, arguments)
                 .fetch_all(&mut *conn)

@@ -18,7 +18,8 @@
 use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 
 use sqlx::{
-    sqlite::{SqlitePool, SqliteRow},
+    pool::PoolConnection,
+    sqlite::{Sqlite, SqlitePool, SqliteRow},
     Row, SqlStr,
 };
 use tokio::sync::Mutex;
@@ -99,9 +100,10 @@ impl Runner for Reads {
             json.push('}');
         }
         json.push_str("]}");
+        let mut conn = connection(&self.pool).await?;
         let rows = sqlx::query(self.queries.live_many.clone())
             .bind(json)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *conn)
             .await?;
         let mut outcomes: Vec<Result<Option<ClaimOutcome>, StoreError>> =
             claims.iter().map(|_| Ok(None)).collect();
@@ -193,7 +195,7 @@ impl Writes {
     /// back (or its connection closed), so nothing of it stays.
     async fn run_round(&self, round: &Round) -> Result<Vec<SqliteRow>, StoreError> {
         let _writer = self.writers.lock().await;
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = connection(&self.pool).await?;
         let rows = sqlx::query(self.batches[round.kinds].clone())
             .bind(&round.json)
             .fetch_all(&mut *conn)
@@ -205,6 +207,17 @@ impl Writes {
             }
         }
         Ok(rows?)
+    }
+}
+
+/// A connection for a batch: an idle one as it is, else one checked out as the pool's options
+/// say. A checkout pings the connection, one more hop to SQLite's thread per batch (inside the
+/// writer queue, for a write); a SQLite connection lives in this process, and every idle one was
+/// pinged when it went back to the pool.
+async fn connection(pool: &SqlitePool) -> Result<PoolConnection<Sqlite>, sqlx::Error> {
+    match pool.try_acquire() {
+        Some(conn) => Ok(conn),
+        None => pool.acquire().await,
     }
 }
 
