@@ -237,6 +237,13 @@ struct Reply {
 }
 
 impl Server {
+    /// One first-time request on `path`, answered 201: it opens the store's connections (the
+    /// batches' and the handler's), so what a test counts after it is statements only.
+    async fn warm(&self, path: &str) {
+        let reply = self.post(path, "warm").await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+
     async fn post(&self, path: &str, key: &str) -> Reply {
         let started = Instant::now();
         let response = self
@@ -681,20 +688,22 @@ async fn postgres_cut_after_the_commit_keeps_both_and_the_retry_replays() {
     assert_eq!(server.state.executions_of("answer-lost"), 1);
 }
 
+/// A transactional app on a pool of four, after one request, with every connection back idle.
+async fn warm_transactional_postgres() -> (Database, Server) {
+    let db = postgres(4).await;
+    let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
+    server.warm("/work").await;
+    db.wait_pool_whole(4).await;
+    (db, server)
+}
+
 /// The handler's transaction begins on an idle connection without the pool's checkout ping:
 /// a first-time request in transactional mode, counted on the wire once the pool is whole
 /// again, costs the claim, `BEGIN`, the handler's `INSERT`, the save, `COMMIT` and sqlx's ping
 /// when the connection goes back: six round trips (seven with the checkout ping).
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_transaction_begins_on_an_idle_connection_without_a_ping() {
-    let db = postgres(4).await;
-    let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
-    // Opens the batch connection and the handler's, so the count below is statements only.
-    assert_eq!(
-        server.post("/work", "warm").await.status,
-        StatusCode::CREATED
-    );
-    db.wait_pool_whole(4).await;
+    let (db, server) = warm_transactional_postgres().await;
 
     let before = db.proxy.traffic();
     let first = server.post("/work", "counted").await;
@@ -714,13 +723,7 @@ async fn postgres_transaction_begins_on_an_idle_connection_without_a_ping() {
 /// the request succeeds, once.
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_a_dead_idle_connection_does_not_fail_the_transaction() {
-    let db = postgres(4).await;
-    let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
-    assert_eq!(
-        server.post("/work", "warm").await.status,
-        StatusCode::CREATED
-    );
-    db.wait_pool_whole(4).await;
+    let (db, server) = warm_transactional_postgres().await;
     // The handler's connection, idle in the pool since its COMMIT; the store's batch
     // connections last ran a batch statement and are left alone.
     let terminated: Vec<bool> = sqlx::query_scalar(
@@ -903,10 +906,7 @@ async fn mysql_cut_after_the_commit_keeps_both_and_the_retry_replays() {
 async fn mysql_dead_idle_connections_do_not_fail_the_claim_or_the_transaction() {
     let db = mysql(4).await;
     let server = serve(db.layer().transactional(), db.proxy.clone()).await;
-    assert_eq!(
-        server.post("/my-work", "warm").await.status,
-        StatusCode::CREATED
-    );
+    server.warm("/my-work").await;
     db.wait_pool_whole(4).await;
     let idle = "SELECT id FROM information_schema.processlist
                 WHERE db = DATABASE() AND command = 'Sleep' AND id <> CONNECTION_ID()";
