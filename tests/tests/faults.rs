@@ -910,21 +910,23 @@ async fn mysql_dead_idle_connections_do_not_fail_the_claim_or_the_transaction() 
     db.wait_pool_whole(4).await;
     let idle = "SELECT id FROM information_schema.processlist
                 WHERE db = DATABASE() AND command = 'Sleep' AND id <> CONNECTION_ID()";
+    // One connection for the look and the kills, so it never kills itself.
+    let mut admin = db.direct.acquire().await.unwrap();
     let ids: Vec<i64> = sqlx::query_scalar(idle)
-        .fetch_all(&db.direct)
+        .fetch_all(&mut *admin)
         .await
         .unwrap();
     assert!(!ids.is_empty(), "no idle connection to kill");
     for id in &ids {
         sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
-            .execute(&db.direct)
+            .execute(&mut *admin)
             .await
             .unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let left: Vec<i64> = sqlx::query_scalar(idle)
-            .fetch_all(&db.direct)
+            .fetch_all(&mut *admin)
             .await
             .unwrap();
         if !left.iter().any(|id| ids.contains(id)) {
