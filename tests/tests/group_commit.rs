@@ -18,8 +18,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tower::ServiceExt;
 use tower_idempotency::{
     store::{
-        postgres::PostgresStore, sqlite::SqliteStore, BatchStats, Batching, ClaimOutcome, Store,
-        StoreErrorKind,
+        postgres::PostgresStore, sqlite::SqliteStore, BatchStats, Batching, ClaimOutcome, Hold,
+        Store, StoreErrorKind,
     },
     Idempotency, IdempotencyKey, REPLAYED_HEADER,
 };
@@ -113,7 +113,7 @@ async fn one_batch_answers_every_outcome<S: Batched>(store: S) {
     }
     let saved = response();
     assert!(store
-        .complete(&done.key, done.token, &saved)
+        .complete(&done.hold(), &saved)
         .await
         .unwrap()
         .applied());
@@ -197,20 +197,16 @@ async fn one_batch_answers_every_outcome<S: Batched>(store: S) {
 
     // Fencing holds per entry: saves of one batch, one with a stale token.
     let saves = [
-        (fresh.key, fresh.token),
-        (twin.key, batch[6 + holder].token),
-        (stale.key, stale.token),
+        fresh.hold(),
+        Hold::new(twin.key, batch[6 + holder].token),
+        stale.hold(),
     ];
     let answer = response();
-    let fenced: Vec<_> = join_all(
-        saves
-            .iter()
-            .map(|(key, token)| store.complete(key, *token, &answer)),
-    )
-    .await
-    .into_iter()
-    .map(|fenced| fenced.expect("complete").applied())
-    .collect();
+    let fenced: Vec<_> = join_all(saves.iter().map(|hold| store.complete(hold, &answer)))
+        .await
+        .into_iter()
+        .map(|fenced| fenced.expect("complete").applied())
+        .collect();
     assert_eq!(fenced, [true, true, false], "only the holders' saves apply");
 }
 
@@ -250,10 +246,11 @@ async fn postgres_claims_and_saves_share_one_batch() {
         let before = store.batch_stats();
         // One task of a current-thread runtime: every operation is queued before the batch
         // driver runs, so they share one batch.
+        let (holder, stale) = (saving.hold(), Hold::new(held.key, fresh.token));
         let (saves, claims) = tokio::join!(
             join_all([
-                store.complete(&saving.key, saving.token, &answer),
-                store.complete(&held.key, fresh.token, &answer),
+                store.complete(&holder, &answer),
+                store.complete(&stale, &answer),
             ]),
             join_all([store.claim(&retry), store.claim(&fresh)]),
         );
@@ -289,12 +286,13 @@ async fn a_run_s_save_and_renewals_in_one_batch<S: Batched>(store: S) {
     let other = claim_of(random_key(), "other", LONG, DAY);
     assert_eq!(store.claim(&other).await.unwrap(), claimed(false));
     let answer = response();
+    let (run_hold, other_hold) = (run.hold(), other.hold());
     let (saved, renewed, twice) = tokio::join!(
-        store.complete(&run.key, run.token, &answer),
-        store.renew(&run.key, run.token, LONG),
+        store.complete(&run_hold, &answer),
+        store.renew(&run_hold, LONG),
         join_all([
-            store.renew(&other.key, other.token, LONG),
-            store.renew(&other.key, other.token, LONG),
+            store.renew(&other_hold, LONG),
+            store.renew(&other_hold, LONG),
         ]),
     );
     assert!(saved.expect("the save").applied());
@@ -598,7 +596,7 @@ async fn postgres_many_claims_of_one_key_share_one_statement() {
         .unwrap()];
     let answer = response();
     assert!(store
-        .complete(&holder.key, holder.token, &answer)
+        .complete(&holder.hold(), &answer)
         .await
         .unwrap()
         .applied());
@@ -635,11 +633,7 @@ async fn postgres_back_to_back_batches_reuse_their_connection_unpinged() {
             bounded("a claim", store.claim(&claim)).await.unwrap(),
             claimed(false)
         );
-        let saved = bounded(
-            "a save",
-            store.complete(&claim.key, claim.token, &response()),
-        )
-        .await;
+        let saved = bounded("a save", store.complete(&claim.hold(), &response())).await;
         assert!(saved.unwrap().applied());
     }
     let used = proxy.traffic().since(before);

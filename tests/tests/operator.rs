@@ -12,7 +12,7 @@ use http_body_util::BodyExt;
 use tower::ServiceExt;
 use tower_idempotency::{
     admin,
-    store::{ClaimOutcome, DynStore, RecordState, Store, StoreErrorKind, StoreStats},
+    store::{ClaimOutcome, DynStore, Hold, RecordState, Store, StoreErrorKind, StoreStats},
     IdempotencyKey, KeyHash, Scope,
 };
 use tower_idempotency_tests::{
@@ -48,7 +48,7 @@ async fn get_and_forget_one_key<S: Store>(store: S) {
 
     let saved = response();
     assert!(store
-        .complete(&key, claim.token, &saved)
+        .complete(&Hold::new(key, claim.token), &saved)
         .await
         .unwrap()
         .applied());
@@ -70,7 +70,7 @@ async fn get_and_forget_one_key<S: Store>(store: S) {
     // A running record forgotten: its holder is fenced out of saving.
     assert!(store.forget(&key).await.unwrap());
     assert!(!store
-        .complete(&key, again.token, &saved)
+        .complete(&Hold::new(key, again.token), &saved)
         .await
         .unwrap()
         .applied());
@@ -113,7 +113,7 @@ async fn save_done<S: Store>(store: &S, key: KeyHash) {
     let claim = claim_of(key, "done", LEASE, TTL);
     assert_eq!(store.claim(&claim).await.unwrap(), ClaimOutcome::claimed());
     assert!(store
-        .complete(&key, claim.token, &response())
+        .complete(&Hold::new(key, claim.token), &response())
         .await
         .unwrap()
         .applied());
@@ -159,7 +159,7 @@ async fn stats_count_by_state<S: Store>(store: S) {
     assert_eq!(stats.running, 1);
     assert_eq!(stats.oldest_running.map(|o| o.key), Some(newer));
     assert!(store
-        .complete(&newer, newer_claim.token, &response())
+        .complete(&Hold::new(newer, newer_claim.token), &response())
         .await
         .unwrap()
         .applied());

@@ -100,11 +100,9 @@ async fn wake_ups(release: bool) -> Vec<Duration> {
         let waiter = start_waiter(&b, &a, &claim).await;
         let changed = Instant::now();
         let fenced = if release {
-            a.release(&claim.key, claim.token).await.unwrap()
+            a.release(&claim.hold()).await.unwrap()
         } else {
-            a.complete(&claim.key, claim.token, &response())
-                .await
-                .unwrap()
+            a.complete(&claim.hold(), &response()).await.unwrap()
         };
         assert_eq!(fenced, Fenced::Applied);
         let woke = waiter.await.unwrap();
@@ -145,9 +143,7 @@ async fn a_wait_on_a_finished_record_returns_at_once() {
     let (a, b) = two_instances().await;
     let claim = claim();
     a.claim(&claim).await.unwrap();
-    a.complete(&claim.key, claim.token, &response())
-        .await
-        .unwrap();
+    a.complete(&claim.hold(), &response()).await.unwrap();
     // The first wait starts the listener; the record is done, so it returns without waiting.
     let started = Instant::now();
     b.wait_for_change(&claim.key, WAIT).await;
@@ -170,11 +166,9 @@ async fn only_watched_records_notify() {
         let unwatched = claim();
         a.claim(&unwatched).await.unwrap();
         if release {
-            a.release(&unwatched.key, unwatched.token).await.unwrap();
+            a.release(&unwatched.hold()).await.unwrap();
         } else {
-            a.complete(&unwatched.key, unwatched.token, &response())
-                .await
-                .unwrap();
+            a.complete(&unwatched.hold(), &response()).await.unwrap();
         }
     }
     // A watched record next: notifications arrive in commit order, so if the first one is this
@@ -182,7 +176,7 @@ async fn only_watched_records_notify() {
     let watched_claim = claim();
     a.claim(&watched_claim).await.unwrap();
     let waiter = start_waiter(&b, &a, &watched_claim).await;
-    a.complete(&watched_claim.key, watched_claim.token, &response())
+    a.complete(&watched_claim.hold(), &response())
         .await
         .unwrap();
     let first = tokio::time::timeout(WAIT, listener.recv())

@@ -21,7 +21,7 @@ use sqlx::{mysql::MySqlPoolOptions, Connection, Executor, MySqlConnection, MySql
 use tower::ServiceExt;
 use tower_idempotency::{
     store::{
-        mysql::MySqlStore, BatchStats, Batching, Claim, ClaimOutcome, Store, StoreError,
+        mysql::MySqlStore, BatchStats, Batching, Claim, ClaimOutcome, Hold, Store, StoreError,
         StoreErrorKind,
     },
     Idempotency, KeyHash,
@@ -134,7 +134,7 @@ async fn records(store: &MySqlStore) -> Records {
     for setup in [&r.done, &r.running, &r.bound, &r.expired, &r.stale] {
         assert_eq!(store.claim(setup).await.unwrap(), claimed(false));
     }
-    let saved = store.complete(&r.done.key, r.done.token, &response()).await;
+    let saved = store.complete(&r.done.hold(), &response()).await;
     assert!(saved.unwrap().applied());
     set_to_zero(store.pool(), EXPIRE, &r.expired.key).await;
     set_to_zero(store.pool(), LAPSE, &r.stale.key).await;
@@ -263,7 +263,9 @@ async fn many_concurrent_claims_of_few_keys_have_one_winner_per_key() {
         );
         for key in &keys {
             let winner = the_one_winner(key, &claims, &outcomes, isolation);
-            let saved = store.complete(&key.key, winner.token, &response()).await;
+            let saved = store
+                .complete(&Hold::new(key.key, winner.token), &response())
+                .await;
             assert!(saved.unwrap().applied(), "{isolation:?}: the winner saves");
         }
         let replays = bounded("200 replays", claim_at_once(&store, &claims)).await;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tower_idempotency::store::{
     redis::{redis, RedisStore},
-    ClaimOutcome, Fenced, Store, StoreErrorKind,
+    ClaimOutcome, Fenced, Hold, Store, StoreErrorKind,
 };
 use tower_idempotency_tests::{
     contract::{claim_of, fingerprint, random_key, response, DAY, LONG},
@@ -100,7 +100,7 @@ async fn expiry_removes_the_record() {
     let ttl = pttl(&mut conn, &name).await;
     assert!(ttl > 0 && ttl <= 300, "pttl {ttl}");
     store
-        .complete(&key, first.token, &response())
+        .complete(&Hold::new(key, first.token), &response())
         .await
         .unwrap();
     assert!(
@@ -132,7 +132,10 @@ async fn scripts_are_reloaded_after_script_flush() {
         .await
         .unwrap();
     assert_eq!(
-        store.renew(&key, first.token, LONG).await.unwrap(),
+        store
+            .renew(&Hold::new(key, first.token), LONG)
+            .await
+            .unwrap(),
         Fenced::Applied
     );
     redis::cmd("SCRIPT")
@@ -151,7 +154,7 @@ async fn scripts_are_reloaded_after_script_flush() {
         .unwrap();
     assert_eq!(
         store
-            .complete(&key, first.token, &response())
+            .complete(&Hold::new(key, first.token), &response())
             .await
             .unwrap(),
         Fenced::Applied
@@ -173,7 +176,7 @@ async fn scripts_are_reloaded_after_script_flush() {
         .await
         .unwrap();
     assert_eq!(
-        store.release(&other, claim.token).await.unwrap(),
+        store.release(&Hold::new(other, claim.token)).await.unwrap(),
         Fenced::Applied
     );
 }
@@ -189,7 +192,9 @@ async fn wait_for_change_wakes_promptly_after_complete() {
         let store = store.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            store.complete(&key, held.token, &response()).await
+            store
+                .complete(&Hold::new(key, held.token), &response())
+                .await
         })
     };
     let started = Instant::now();
@@ -241,7 +246,7 @@ async fn wait_for_change_wakes_every_waiter_on_release_and_unsubscribes() {
         .await
         .expect("the waiters subscribe");
     assert_eq!(
-        store.release(&key, held.token).await.unwrap(),
+        store.release(&Hold::new(key, held.token)).await.unwrap(),
         Fenced::Applied
     );
     for waiter in waiters {
@@ -284,7 +289,10 @@ async fn wait_for_change_returns_at_once_or_at_lease_lapse() {
     let key = random_key();
     let held = claim_of(key, "a", LONG, DAY);
     store.claim(&held).await.unwrap();
-    store.complete(&key, held.token, &response()).await.unwrap();
+    store
+        .complete(&Hold::new(key, held.token), &response())
+        .await
+        .unwrap();
     let started = Instant::now();
     store.wait_for_change(&key, Duration::from_secs(10)).await;
     assert!(started.elapsed() < Duration::from_secs(5));

@@ -12,7 +12,7 @@ use std::{
 };
 
 use tower_idempotency::{
-    store::{redis::redis, ClaimOutcome, Fenced, Store},
+    store::{redis::redis, ClaimOutcome, Fenced, Hold, Store},
     KeyHash,
 };
 use tower_idempotency_tests::{
@@ -53,10 +53,7 @@ async fn cluster_records_and_channels_hash_by_their_tag_over_many_slots() {
             ClaimOutcome::Claimed { taken_over: false }
         );
         assert_eq!(
-            store
-                .complete(key, claim.token, &response(n))
-                .await
-                .unwrap(),
+            store.complete(&claim.hold(), &response(n)).await.unwrap(),
             Fenced::Applied
         );
         let name = store.record_key(key);
@@ -88,7 +85,9 @@ async fn cluster_wait_for_change_wakes_on_keys_of_every_node() {
             let key = *key;
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                store.complete(&key, held.token, &response(n)).await
+                store
+                    .complete(&Hold::new(key, held.token), &response(n))
+                    .await
             })
         };
         let started = Instant::now();
@@ -120,7 +119,7 @@ async fn cluster_scripts_are_reloaded_after_script_flush_on_every_node() {
             );
             assert_eq!(
                 store
-                    .complete(&key, claim.token, &response(n))
+                    .complete(&Hold::new(key, claim.token), &response(n))
                     .await
                     .unwrap(),
                 Fenced::Applied

@@ -109,7 +109,7 @@ async fn complete_in_a_rolled_back_transaction_leaves_the_record_running<B: Back
     let mut tx = store.pool().begin().await.unwrap();
     assert_eq!(
         store
-            .complete_in(&mut tx, &claim.key, claim.token, &response())
+            .complete_in(&mut tx, &claim.hold(), &response())
             .await
             .unwrap(),
         Fenced::Applied
@@ -122,7 +122,7 @@ async fn complete_in_a_rolled_back_transaction_leaves_the_record_running<B: Back
     let saved = response();
     assert_eq!(
         store
-            .complete_in(&mut tx, &claim.key, claim.token, &saved)
+            .complete_in(&mut tx, &claim.hold(), &saved)
             .await
             .unwrap(),
         Fenced::Applied
@@ -147,7 +147,7 @@ async fn complete_in_with_a_stale_token_is_lost<B: Backend>() {
     let mut tx = store.pool().begin().await.unwrap();
     assert_eq!(
         store
-            .complete_in(&mut tx, &old.key, old.token, &response())
+            .complete_in(&mut tx, &old.hold(), &response())
             .await
             .unwrap(),
         Fenced::Lost
@@ -179,12 +179,9 @@ async fn wait_for_change_wakes_on_complete_and_release<B: Backend>() {
         // Give the waiter time to register: the change must happen while it waits.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let fenced = if release {
-            store.release(&claim.key, claim.token).await.unwrap()
+            store.release(&claim.hold()).await.unwrap()
         } else {
-            store
-                .complete(&claim.key, claim.token, &response())
-                .await
-                .unwrap()
+            store.complete(&claim.hold(), &response()).await.unwrap()
         };
         assert_eq!(fenced, Fenced::Applied);
         let waited = waiter.await.unwrap();
@@ -311,7 +308,7 @@ async fn postgres_wait_for_change_wakes_on_another_instance_s_complete() {
     // Completed inside a transaction: the notification goes out on commit, not before.
     let mut tx = there.pool().begin().await.unwrap();
     let fenced = there
-        .complete_in(&mut tx, &claim.key, claim.token, &response())
+        .complete_in(&mut tx, &claim.hold(), &response())
         .await
         .unwrap();
     assert_eq!(fenced, Fenced::Applied);

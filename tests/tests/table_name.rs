@@ -89,7 +89,7 @@ async fn two_tables_of_one_database_keep_apart<B: Backend>() {
 
     // A save in one is replayed there and not seen in the other.
     assert!(default
-        .complete(&claim.key, claim.token, &response())
+        .complete(&claim.hold(), &response())
         .await
         .unwrap()
         .applied());

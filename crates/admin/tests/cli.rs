@@ -65,7 +65,7 @@ async fn save_one<S: Store>(store: &S) {
         bytes::Bytes::from("{\"orderId\":\"1\"}"),
     );
     assert!(store
-        .complete(&claim.key, claim.token, &saved)
+        .complete(&claim.hold(), &saved)
         .await
         .unwrap()
         .applied());

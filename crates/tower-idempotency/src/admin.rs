@@ -299,7 +299,7 @@ mod tests {
         );
         store.claim(&claim).await.unwrap();
         let saved = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), "{\"id\":1}");
-        store.complete(&key, claim.token, &saved).await.unwrap();
+        store.complete(&claim.hold(), &saved).await.unwrap();
         let app = router(store);
 
         let (status, _) = call(&app, "GET", "/keys/k-1").await;

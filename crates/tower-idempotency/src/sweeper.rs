@@ -181,7 +181,7 @@ mod tests {
     use super::*;
     use crate::{
         key::KeyHash,
-        store::{Claim, ClaimOutcome, Fenced, FencingToken, StoreError, StoredResponse},
+        store::{Claim, ClaimOutcome, Fenced, FencingToken, Hold, StoreError, StoredResponse},
     };
 
     /// A store with `backlog` expired records and an optional failure on the first call.
@@ -196,23 +196,13 @@ mod tests {
         async fn claim(&self, _: &Claim) -> Result<ClaimOutcome, StoreError> {
             unimplemented!()
         }
-        async fn renew(
-            &self,
-            _: &KeyHash,
-            _: FencingToken,
-            _: Duration,
-        ) -> Result<Fenced, StoreError> {
+        async fn renew(&self, _: &Hold, _: Duration) -> Result<Fenced, StoreError> {
             unimplemented!()
         }
-        async fn complete(
-            &self,
-            _: &KeyHash,
-            _: FencingToken,
-            _: &StoredResponse,
-        ) -> Result<Fenced, StoreError> {
+        async fn complete(&self, _: &Hold, _: &StoredResponse) -> Result<Fenced, StoreError> {
             unimplemented!()
         }
-        async fn release(&self, _: &KeyHash, _: FencingToken) -> Result<Fenced, StoreError> {
+        async fn release(&self, _: &Hold) -> Result<Fenced, StoreError> {
             unimplemented!()
         }
         async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {

@@ -535,7 +535,7 @@ macro_rules! orders_suite {
                         Duration::from_millis(300),
                         Duration::from_secs(3600),
                     );
-                    let stale = claim.token;
+                    let stale = claim.hold();
                     let outcome = store.claim(&claim).await.expect("claim");
                     assert_eq!(outcome, ClaimOutcome::Claimed { taken_over: false });
 
@@ -567,7 +567,7 @@ macro_rules! orders_suite {
                         axum::body::Bytes::from_static(b"stale"),
                     );
                     let fenced = store
-                        .complete_in(&mut tx, &hash, stale, &response)
+                        .complete_in(&mut tx, &stale, &response)
                         .await
                         .expect("complete_in");
                     assert_eq!(fenced, Fenced::Lost);
@@ -577,22 +577,16 @@ macro_rules! orders_suite {
                     // Every other write of the stale holder is fenced out too.
                     assert_eq!(
                         store
-                            .renew(&hash, stale, Duration::from_secs(30))
+                            .renew(&stale, Duration::from_secs(30))
                             .await
                             .expect("renew"),
                         Fenced::Lost
                     );
                     assert_eq!(
-                        store
-                            .complete(&hash, stale, &response)
-                            .await
-                            .expect("complete"),
+                        store.complete(&stale, &response).await.expect("complete"),
                         Fenced::Lost
                     );
-                    assert_eq!(
-                        store.release(&hash, stale).await.expect("release"),
-                        Fenced::Lost
-                    );
+                    assert_eq!(store.release(&stale).await.expect("release"), Fenced::Lost);
 
                     // The key still replays the retry's answer.
                     let replay = post_until_settled(&client, &base, &key).await;

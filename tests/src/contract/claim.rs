@@ -66,17 +66,14 @@ pub async fn a_different_fingerprint_is_a_mismatch_in_every_state<S: Store>(stor
     until(started + lease + MARGIN).await;
     assert_eq!(store.claim(&other).await.unwrap(), ClaimOutcome::Mismatch);
     assert_eq!(
-        store.renew(&first.key, first.token, LONG).await.unwrap(),
+        store.renew(&first.hold(), LONG).await.unwrap(),
         Fenced::Applied,
         "a mismatched claim must not take the record over"
     );
 
     // Done.
     assert_eq!(
-        store
-            .complete(&first.key, first.token, &response())
-            .await
-            .unwrap(),
+        store.complete(&first.hold(), &response()).await.unwrap(),
         Fenced::Applied
     );
     assert_eq!(store.claim(&other).await.unwrap(), ClaimOutcome::Mismatch);

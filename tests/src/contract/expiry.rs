@@ -21,10 +21,7 @@ pub async fn an_expired_record_can_be_claimed_by_another_request<S: Store>(store
     let first = claim_of(random_key(), "first", LONG, ttl);
     assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
     let started = Instant::now(); // the expiry counts from before this
-    store
-        .complete(&first.key, first.token, &response())
-        .await
-        .unwrap();
+    store.complete(&first.hold(), &response()).await.unwrap();
     assert!(is_done(&store.claim(&retry_of(&first)).await.unwrap()));
     until(started + ttl + MARGIN).await;
 
@@ -33,10 +30,7 @@ pub async fn an_expired_record_can_be_claimed_by_another_request<S: Store>(store
     assert!(is_in_flight(&store.claim(&retry_of(&other)).await.unwrap()));
     assert_eq!(store.claim(&first).await.unwrap(), ClaimOutcome::Mismatch);
     assert_eq!(
-        store
-            .complete(&first.key, first.token, &response())
-            .await
-            .unwrap(),
+        store.complete(&first.hold(), &response()).await.unwrap(),
         Fenced::Lost
     );
 }
@@ -81,10 +75,7 @@ pub async fn sweep_deletes_only_expired_records_in_bounded_batches<S: Retention>
     for (i, claim) in expired.iter().enumerate() {
         assert_eq!(store.claim(claim).await.unwrap(), claimed(false));
         if i % 2 == 0 {
-            store
-                .complete(&claim.key, claim.token, &response())
-                .await
-                .unwrap();
+            store.complete(&claim.hold(), &response()).await.unwrap();
         }
     }
     let started = Instant::now(); // every short record expires within `ttl` of this
@@ -94,10 +85,7 @@ pub async fn sweep_deletes_only_expired_records_in_bounded_batches<S: Retention>
     for claim in &live {
         assert_eq!(store.claim(claim).await.unwrap(), claimed(false));
     }
-    store
-        .complete(&live[0].key, live[0].token, &response())
-        .await
-        .unwrap();
+    store.complete(&live[0].hold(), &response()).await.unwrap();
     until(started + ttl + MARGIN).await;
 
     let mut swept = Vec::new();
@@ -118,7 +106,7 @@ pub async fn sweep_deletes_only_expired_records_in_bounded_batches<S: Retention>
     // A swept running record's holder is fenced out, and its key is free.
     assert_eq!(
         store
-            .complete(&expired[1].key, expired[1].token, &response())
+            .complete(&expired[1].hold(), &response())
             .await
             .unwrap(),
         Fenced::Lost

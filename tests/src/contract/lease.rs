@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tower_idempotency::store::{ClaimOutcome, Fenced, Store};
+use tower_idempotency::store::{ClaimOutcome, Fenced, Hold, Store};
 
 use super::{
     claim_of, claimed, is_done, is_in_flight, numbered_response, race, random_key, response,
@@ -33,21 +33,15 @@ pub async fn a_lapsed_lease_is_taken_over_and_fences_the_old_holder<S: Store>(st
         let new = retry_with_lease(old, LONG);
         assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
 
-        assert_eq!(
-            store.renew(&old.key, old.token, LONG).await.unwrap(),
-            Fenced::Lost
-        );
+        assert_eq!(store.renew(&old.hold(), LONG).await.unwrap(), Fenced::Lost);
         assert_eq!(
             store
-                .complete(&old.key, old.token, &numbered_response(n))
+                .complete(&old.hold(), &numbered_response(n))
                 .await
                 .unwrap(),
             Fenced::Lost
         );
-        assert_eq!(
-            store.release(&old.key, old.token).await.unwrap(),
-            Fenced::Lost
-        );
+        assert_eq!(store.release(&old.hold()).await.unwrap(), Fenced::Lost);
         assert!(
             is_in_flight(&store.claim(&retry_of(old)).await.unwrap()),
             "the old holder's writes changed nothing"
@@ -55,7 +49,7 @@ pub async fn a_lapsed_lease_is_taken_over_and_fences_the_old_holder<S: Store>(st
 
         let saved = response();
         assert_eq!(
-            store.complete(&new.key, new.token, &saved).await.unwrap(),
+            store.complete(&new.hold(), &saved).await.unwrap(),
             Fenced::Applied
         );
         assert_eq!(
@@ -94,10 +88,7 @@ pub async fn a_takeover_keeps_the_original_expiry<S: Store>(store: S) {
     let new = claim_of(first.key, "a", LONG, DAY);
     assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
     assert_eq!(
-        store
-            .complete(&new.key, new.token, &response())
-            .await
-            .unwrap(),
+        store.complete(&new.hold(), &response()).await.unwrap(),
         Fenced::Applied
     );
     assert!(is_done(&store.claim(&retry_of(&first)).await.unwrap()));
@@ -120,13 +111,16 @@ pub async fn renew_extends_the_lease<S: Store>(store: S) {
     assert_eq!(store.claim(&claim).await.unwrap(), claimed(false));
 
     assert_eq!(
-        store.renew(&claim.key, stranger(), LONG).await.unwrap(),
+        store
+            .renew(&Hold::new(claim.key, stranger()), LONG)
+            .await
+            .unwrap(),
         Fenced::Lost,
         "a stranger's token renews nothing"
     );
     until(started + Duration::from_millis(150)).await;
     assert_eq!(
-        store.renew(&claim.key, claim.token, lease).await.unwrap(),
+        store.renew(&claim.hold(), lease).await.unwrap(),
         Fenced::Applied
     );
     // Past the first lease (300 ms), well within the renewed one (450 ms and more).
@@ -139,7 +133,7 @@ pub async fn renew_extends_the_lease<S: Store>(store: S) {
 
     // A long renewal shows in the lease left.
     assert_eq!(
-        store.renew(&claim.key, claim.token, LONG).await.unwrap(),
+        store.renew(&claim.hold(), LONG).await.unwrap(),
         Fenced::Applied
     );
     match store.claim(&retry_of(&claim)).await.unwrap() {
@@ -151,7 +145,7 @@ pub async fn renew_extends_the_lease<S: Store>(store: S) {
     }
     // Shortened again, the lease lapses in turn and a retry takes over.
     assert_eq!(
-        store.renew(&claim.key, claim.token, lease).await.unwrap(),
+        store.renew(&claim.hold(), lease).await.unwrap(),
         Fenced::Applied
     );
     let shortened = Instant::now(); // the lease counts from before this
@@ -161,12 +155,9 @@ pub async fn renew_extends_the_lease<S: Store>(store: S) {
     // Renewing a record that is not running is refused.
     let other = claim_of(random_key(), "b", LONG, DAY);
     store.claim(&other).await.unwrap();
-    store
-        .complete(&other.key, other.token, &response())
-        .await
-        .unwrap();
+    store.complete(&other.hold(), &response()).await.unwrap();
     assert_eq!(
-        store.renew(&other.key, other.token, LONG).await.unwrap(),
+        store.renew(&other.hold(), LONG).await.unwrap(),
         Fenced::Lost
     );
 }

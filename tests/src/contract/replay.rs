@@ -2,7 +2,7 @@
 //! `release` frees the key.
 
 use http::{HeaderMap, StatusCode};
-use tower_idempotency::store::{ClaimOutcome, Fenced, Store};
+use tower_idempotency::store::{ClaimOutcome, Fenced, Hold, Store};
 
 use super::{
     claim_of, claimed, numbered_response, random_key, response, retry_of, stranger, DAY, LONG,
@@ -17,10 +17,7 @@ pub async fn complete_then_claim_replays_the_response<S: Store>(store: S) {
     assert_eq!(store.claim(&claim).await.unwrap(), claimed(false));
     let saved = response();
     assert_eq!(
-        store
-            .complete(&claim.key, claim.token, &saved)
-            .await
-            .unwrap(),
+        store.complete(&claim.hold(), &saved).await.unwrap(),
         Fenced::Applied
     );
     let ClaimOutcome::Done(replayed) = store.claim(&retry_of(&claim)).await.unwrap() else {
@@ -48,10 +45,7 @@ pub async fn complete_then_claim_replays_the_response<S: Store>(store: S) {
     let mut other = saved.clone();
     other.status = StatusCode::INTERNAL_SERVER_ERROR;
     assert_eq!(
-        store
-            .complete(&claim.key, claim.token, &other)
-            .await
-            .unwrap(),
+        store.complete(&claim.hold(), &other).await.unwrap(),
         Fenced::Lost
     );
     assert_eq!(
@@ -70,10 +64,7 @@ pub async fn empty_response_round_trips<S: Store>(store: S) {
         Default::default(),
     );
     assert_eq!(
-        store
-            .complete(&claim.key, claim.token, &saved)
-            .await
-            .unwrap(),
+        store.complete(&claim.hold(), &saved).await.unwrap(),
         Fenced::Applied
     );
     assert_eq!(
@@ -91,7 +82,7 @@ pub async fn many_keys_complete_and_replay_independently<S: Store>(store: S) {
         assert_eq!(store.claim(claim).await.unwrap(), claimed(false));
         assert_eq!(
             store
-                .complete(&claim.key, claim.token, &numbered_response(n))
+                .complete(&claim.hold(), &numbered_response(n))
                 .await
                 .unwrap(),
             Fenced::Applied
@@ -119,37 +110,28 @@ pub async fn release_then_claim_again<S: Store>(store: S) {
     let first = claim_of(random_key(), "a", LONG, DAY);
     assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
     assert_eq!(
-        store.release(&first.key, stranger()).await.unwrap(),
+        store
+            .release(&Hold::new(first.key, stranger()))
+            .await
+            .unwrap(),
         Fenced::Lost,
         "a stranger's token releases nothing"
     );
-    assert_eq!(
-        store.release(&first.key, first.token).await.unwrap(),
-        Fenced::Applied
-    );
-    assert_eq!(
-        store.release(&first.key, first.token).await.unwrap(),
-        Fenced::Lost
-    );
+    assert_eq!(store.release(&first.hold()).await.unwrap(), Fenced::Applied);
+    assert_eq!(store.release(&first.hold()).await.unwrap(), Fenced::Lost);
 
     let second = claim_of(first.key, "b", LONG, DAY);
     assert_eq!(store.claim(&second).await.unwrap(), claimed(false));
     assert_eq!(
-        store
-            .complete(&first.key, first.token, &response())
-            .await
-            .unwrap(),
+        store.complete(&first.hold(), &response()).await.unwrap(),
         Fenced::Lost
     );
     assert_eq!(
-        store
-            .complete(&second.key, second.token, &response())
-            .await
-            .unwrap(),
+        store.complete(&second.hold(), &response()).await.unwrap(),
         Fenced::Applied
     );
     assert_eq!(
-        store.release(&second.key, second.token).await.unwrap(),
+        store.release(&second.hold()).await.unwrap(),
         Fenced::Lost,
         "a done record cannot be released"
     );

@@ -1,6 +1,7 @@
 //! Leases: a dead holder is taken over and fenced, a live one is renewed; `Retry-After` shows the lease.
 
 use super::*;
+use tower_idempotency::store::Hold;
 
 /// A claim whose holder died (its lease lapsed) is taken over; the dead holder's token is fenced
 /// out: its `complete`, `renew` and `release` change nothing, and the replay shows the new answer.
@@ -49,12 +50,15 @@ pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced<St: Store, F: Fl
         let stale_answer = stale_answer.clone();
         async move {
             [
-                store.complete(&key, stale, &stale_answer).await.unwrap(),
                 store
-                    .renew(&key, stale, Duration::from_secs(60))
+                    .complete(&Hold::new(key, stale), &stale_answer)
                     .await
                     .unwrap(),
-                store.release(&key, stale).await.unwrap(),
+                store
+                    .renew(&Hold::new(key, stale), Duration::from_secs(60))
+                    .await
+                    .unwrap(),
+                store.release(&Hold::new(key, stale)).await.unwrap(),
             ]
         }
     };
@@ -81,7 +85,10 @@ pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced<St: Store, F: Fl
     }
     // after completion too, the stale token cannot overwrite
     assert_eq!(
-        store.complete(&key, stale, &stale_answer).await.unwrap(),
+        store
+            .complete(&Hold::new(key, stale), &stale_answer)
+            .await
+            .unwrap(),
         Fenced::Lost
     );
     send(server.post_key("/held", "lease-1", ORDER))

@@ -118,7 +118,7 @@ async fn run<S: Store + Clone>(
                         http::HeaderMap::new(),
                         "{}",
                     );
-                    store.complete(&claim.key, claim.token, &answer).await?;
+                    store.complete(&claim.hold(), &answer).await?;
                     pairs += 1;
                 }
                 Ok::<_, tower_idempotency::store::StoreError>(pairs)

@@ -13,7 +13,7 @@ use http::Extensions;
 use crate::{
     error::Rejection,
     key::KeyHash,
-    store::{Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoredResponse},
+    store::{Claim, ClaimOutcome, Fenced, Hold, Store, StoreError, StoredResponse},
 };
 
 #[cfg(feature = "postgres")]
@@ -42,14 +42,13 @@ pub enum SaveFailure<'a> {
     Failed(&'a StoreError),
 }
 
-/// The answer a claimed run saves, as [`Mode::save_with_work`] gets it: the store, the key held
-/// with `token`, the response, and the bound on each store call.
+/// The answer a claimed run saves, as [`Mode::save_with_work`] gets it: the store, the run's
+/// hold on its key, the response, and the bound on each store call.
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Save<'a, St> {
     pub store: &'a St,
-    pub key: &'a KeyHash,
-    pub token: FencingToken,
+    pub hold: &'a Hold,
     pub response: &'a StoredResponse,
     pub limit: Duration,
 }

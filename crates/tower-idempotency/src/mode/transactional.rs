@@ -275,14 +275,11 @@ async fn save_and_commit<St: TransactionalStore>(
 ) -> Result<Fenced, StoreError> {
     let Save {
         store,
-        key,
-        token,
+        hold,
         response,
         limit,
     } = save;
-    store
-        .complete_and_commit(tx, key, token, response, limit)
-        .await
+    store.complete_and_commit(tx, hold, response, limit).await
 }
 
 #[cfg(feature = "axum")]

@@ -14,7 +14,7 @@ use crate::{
     mode::Mode,
     observe::{self, Outcome},
     store::{
-        bounded, Claim, ClaimOutcome, Fenced, FencingToken, Store, StoreError, StoreErrorKind,
+        bounded, Claim, ClaimOutcome, Fenced, FencingToken, Hold, Store, StoreError, StoreErrorKind,
     },
 };
 
@@ -59,7 +59,7 @@ pub(super) async fn claim<St: Store, M: Mode<St>>(
             }
             Ok(claimed) => claimed,
             Err(err) => {
-                release_in_background(layer, key, token);
+                release_in_background(layer, claim.hold());
                 return Err(err);
             }
         };
@@ -86,12 +86,12 @@ pub(super) async fn claim<St: Store, M: Mode<St>>(
 /// After a failed claim (a timeout, a cut connection), the claim may still have landed: release it,
 /// fenced by our token so nothing else is touched, so that a retry need not wait for the lease to
 /// lapse. In the background, because the client's 503 should not wait for a store in trouble.
-fn release_in_background<St: Store, M>(layer: &Shared<St, M>, key: KeyHash, token: FencingToken) {
+fn release_in_background<St: Store, M>(layer: &Shared<St, M>, hold: Hold) {
     let store = layer.store.clone();
     let limit = layer.config.store_timeout;
     tokio::spawn(
         async move {
-            match bounded("the release", limit, store.release(&key, token)).await {
+            match bounded("the release", limit, store.release(&hold)).await {
                 Ok(Fenced::Applied) => observe::record(
                     Outcome::Released,
                     &"the failed claim had landed after all: key released",

@@ -23,7 +23,7 @@ use crate::{
     body::{RequestBody, ResponseBody},
     mode::Mode,
     observe::{self, Outcome, RequestRecord},
-    store::{ClaimOutcome, FencingToken, StoreError},
+    store::{ClaimOutcome, FencingToken, Hold, StoreError},
 };
 
 /// A covered request, inside its span; its final outcome is counted when the record drops.
@@ -106,7 +106,8 @@ fn respond<F: Flow>(
             outcome: ClaimOutcome::Claimed { taken_over },
             run_state,
         }) => {
-            let lease = Lease::new::<F::Mode>(layer, prepared.key_hash, token, record.clone());
+            let lease =
+                Lease::new::<F::Mode>(layer, Hold::new(prepared.key_hash, token), record.clone());
             let (run, req) = run_claimed::<F>(prepared, lease, taken_over, run_state);
             Next::Run(run, req)
         }

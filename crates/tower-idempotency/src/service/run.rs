@@ -15,19 +15,17 @@ use super::{Answer, Flow, RunState, Shared};
 use crate::{
     body::{BoxError, RequestBody, ResponseBody},
     config::Config,
-    key::KeyHash,
     mode::Mode,
     observe::{self, Outcome, RequestRecord},
     retry_after::Running,
-    store::{bounded, Fenced, FencingToken, Store},
+    store::{bounded, Fenced, Hold, Store},
 };
 
 /// The claimed key: what the run needs to renew, save and release it.
 pub(super) struct Lease<St> {
     pub(super) store: Arc<St>,
     pub(super) config: Arc<Config>,
-    pub(super) key: KeyHash,
-    pub(super) token: FencingToken,
+    pub(super) hold: Hold,
     /// Whether the claim holds a lease to renew and release (see [`Mode::LEASED`]).
     pub(super) leased: bool,
     pub(super) record: Arc<RequestRecord>,
@@ -36,8 +34,7 @@ pub(super) struct Lease<St> {
 impl<St> Lease<St> {
     pub(super) fn new<M: Mode<St>>(
         layer: &Shared<St, M>,
-        key: KeyHash,
-        token: FencingToken,
+        hold: Hold,
         record: Arc<RequestRecord>,
     ) -> Self
     where
@@ -46,8 +43,7 @@ impl<St> Lease<St> {
         Self {
             store: layer.store.clone(),
             config: layer.config.clone(),
-            key,
-            token,
+            hold,
             leased: M::LEASED,
             record,
         }
@@ -57,8 +53,8 @@ impl<St> Lease<St> {
     fn running(&self, path: String) -> Running {
         Running {
             durations: self.config.durations.clone(),
-            key: self.key,
-            start: self.config.durations.started(self.key),
+            key: self.hold.key,
+            start: self.config.durations.started(self.hold.key),
             path,
         }
     }
@@ -139,7 +135,7 @@ async fn renew_forever<St: Store>(run: &Lease<St>) -> Infallible {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let renew = run.store.renew(&run.key, run.token, run.config.lease);
+        let renew = run.store.renew(&run.hold, run.config.lease);
         let renew = bounded("the renewal", run.config.store_timeout, renew);
         match observe::timed(run.store.name(), "renew", renew).await {
             Ok(Fenced::Applied) => observe::renewed(),

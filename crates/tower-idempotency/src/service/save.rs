@@ -110,8 +110,7 @@ impl<St: Store> Lease<St> {
                 run_state,
                 Save {
                     store: &self.store,
-                    key: &self.key,
-                    token: self.token,
+                    hold: &self.hold,
                     response: &response,
                     limit,
                 },
@@ -143,10 +142,10 @@ impl<St: Store> Lease<St> {
         let limit = self.config.store_timeout;
         let mut tries = 1;
         loop {
-            let complete = self.store.complete(&self.key, self.token, response);
+            let complete = self.store.complete(&self.hold, response);
             match bounded("the save", limit, complete).await {
                 Err(err) if tries < SAVE_TRIES => {
-                    tracing::warn!(target: "tower_idempotency", key = %self.key, error = %observe::Chain(&err), tries, "saving the response failed; trying again");
+                    tracing::warn!(target: "tower_idempotency", key = %self.hold.key, error = %observe::Chain(&err), tries, "saving the response failed; trying again");
                     // Boxed: the save's future does not carry a timer's room for the rare retry.
                     Box::pin(tokio::time::sleep(Duration::from_millis(20 << tries))).await;
                     tries += 1;
@@ -194,7 +193,7 @@ impl<St: Store> Lease<St> {
             );
             return;
         }
-        let release = self.store.release(&self.key, self.token);
+        let release = self.store.release(&self.hold);
         let release = bounded("the release", self.config.store_timeout, release);
         match observe::timed(self.store.name(), "release", release).await {
             Ok(Fenced::Applied) => self

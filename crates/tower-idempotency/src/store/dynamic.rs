@@ -3,13 +3,15 @@
 use std::{fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use super::{
-    Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreStats,
-    StoredResponse,
+    Claim, ClaimOutcome, Fenced, Hold, RecordInfo, Store, StoreError, StoreStats, StoredResponse,
 };
 use crate::key::KeyHash;
 
 /// A boxed, `Send` future: what [`ErasedStore`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What the fenced writes of [`ErasedStore`] return.
+pub type FencedFuture<'a> = BoxFuture<'a, Result<Fenced, StoreError>>;
 
 /// The dyn-compatible form of [`Store`]: the same operations (named `dyn_*`, so that both traits
 /// can be in scope), returning boxed futures.
@@ -23,25 +25,12 @@ pub trait ErasedStore: fmt::Debug + Send + Sync + 'static {
     fn dyn_claim<'a>(&'a self, claim: &'a Claim)
         -> BoxFuture<'a, Result<ClaimOutcome, StoreError>>;
     /// [`Store::renew`].
-    fn dyn_renew<'a>(
-        &'a self,
-        key: &'a KeyHash,
-        token: FencingToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
+    fn dyn_renew<'a>(&'a self, hold: &'a Hold, lease: Duration) -> FencedFuture<'a>;
     /// [`Store::complete`].
-    fn dyn_complete<'a>(
-        &'a self,
-        key: &'a KeyHash,
-        token: FencingToken,
-        response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
+    fn dyn_complete<'a>(&'a self, hold: &'a Hold, response: &'a StoredResponse)
+        -> FencedFuture<'a>;
     /// [`Store::release`].
-    fn dyn_release<'a>(
-        &'a self,
-        key: &'a KeyHash,
-        token: FencingToken,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>>;
+    fn dyn_release<'a>(&'a self, hold: &'a Hold) -> FencedFuture<'a>;
     /// [`Store::sweep`].
     fn dyn_sweep(&self, batch: u32) -> BoxFuture<'_, Result<u64, StoreError>>;
     /// [`Store::wait_for_change`].
@@ -69,30 +58,20 @@ impl<S: Store> ErasedStore for S {
         Box::pin(Store::claim(self, claim))
     }
 
-    fn dyn_renew<'a>(
-        &'a self,
-        key: &'a KeyHash,
-        token: FencingToken,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(Store::renew(self, key, token, lease))
+    fn dyn_renew<'a>(&'a self, hold: &'a Hold, lease: Duration) -> FencedFuture<'a> {
+        Box::pin(Store::renew(self, hold, lease))
     }
 
     fn dyn_complete<'a>(
         &'a self,
-        key: &'a KeyHash,
-        token: FencingToken,
+        hold: &'a Hold,
         response: &'a StoredResponse,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(Store::complete(self, key, token, response))
+    ) -> FencedFuture<'a> {
+        Box::pin(Store::complete(self, hold, response))
     }
 
-    fn dyn_release<'a>(
-        &'a self,
-        key: &'a KeyHash,
-        token: FencingToken,
-    ) -> BoxFuture<'a, Result<Fenced, StoreError>> {
-        Box::pin(Store::release(self, key, token))
+    fn dyn_release<'a>(&'a self, hold: &'a Hold) -> FencedFuture<'a> {
+        Box::pin(Store::release(self, hold))
     }
 
     fn dyn_sweep(&self, batch: u32) -> BoxFuture<'_, Result<u64, StoreError>> {
@@ -169,26 +148,16 @@ impl Store for DynStore {
         self.0.dyn_claim(claim).await
     }
 
-    async fn renew(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Fenced, StoreError> {
-        self.0.dyn_renew(key, token, lease).await
+    async fn renew(&self, hold: &Hold, lease: Duration) -> Result<Fenced, StoreError> {
+        self.0.dyn_renew(hold, lease).await
     }
 
-    async fn complete(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<Fenced, StoreError> {
-        self.0.dyn_complete(key, token, response).await
+    async fn complete(&self, hold: &Hold, response: &StoredResponse) -> Result<Fenced, StoreError> {
+        self.0.dyn_complete(hold, response).await
     }
 
-    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        self.0.dyn_release(key, token).await
+    async fn release(&self, hold: &Hold) -> Result<Fenced, StoreError> {
+        self.0.dyn_release(hold).await
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
@@ -218,7 +187,11 @@ mod tests {
     use http::{HeaderMap, StatusCode};
 
     use super::*;
-    use crate::{fingerprint::Fingerprint, key::IdempotencyKey, store::MemoryStore};
+    use crate::{
+        fingerprint::Fingerprint,
+        key::IdempotencyKey,
+        store::{FencingToken, MemoryStore},
+    };
 
     #[tokio::test]
     async fn a_dyn_store_forwards_every_operation() {
@@ -236,13 +209,13 @@ mod tests {
         );
         assert_eq!(store.claim(&claim).await.unwrap(), ClaimOutcome::claimed());
         assert!(store
-            .renew(&key, claim.token, Duration::from_secs(30))
+            .renew(&claim.hold(), Duration::from_secs(30))
             .await
             .unwrap()
             .applied());
         let saved = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), Bytes::from("ok"));
         assert!(store
-            .complete(&key, claim.token, &saved)
+            .complete(&claim.hold(), &saved)
             .await
             .unwrap()
             .applied());
@@ -257,7 +230,7 @@ mod tests {
             store.claim(&retry).await.unwrap(),
             ClaimOutcome::Done(saved)
         );
-        assert!(!store.release(&key, retry.token).await.unwrap().applied());
+        assert!(!store.release(&retry.hold()).await.unwrap().applied());
         assert_eq!(store.sweep(10).await.unwrap(), 0);
         assert!(format!("{store:?}").starts_with("DynStore(MemoryStore"));
         assert_eq!(store.name(), "memory");

@@ -12,7 +12,7 @@ use std::{
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
-    waiters::lock, Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError,
+    waiters::lock, Claim, ClaimOutcome, Fenced, FencingToken, Hold, RecordInfo, Store, StoreError,
     StoreErrorKind, StoreStats, StoredResponse,
 };
 use crate::{fingerprint::Fingerprint, key::KeyHash};
@@ -220,15 +220,14 @@ impl MemoryStore {
     /// Apply `write` to the running record of `key` held with `token`, then wake its waiters.
     fn fenced(
         &self,
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         write: impl FnOnce(OccupiedEntry<'_, KeyHash, Record>),
     ) -> Fenced {
         let now = Instant::now();
-        let mut shard = self.shard(key);
-        let record = match shard.records.entry(*key) {
+        let mut shard = self.shard(&hold.key);
+        let record = match shard.records.entry(hold.key) {
             Entry::Occupied(record)
-                if record.get().token == token
+                if record.get().token == hold.token
                     && record.get().expires_at > now
                     && matches!(record.get().state, State::Running { .. }) =>
             {
@@ -292,21 +291,16 @@ impl Store for MemoryStore {
         }
     }
 
-    async fn renew(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Fenced, StoreError> {
+    async fn renew(&self, hold: &Hold, lease: Duration) -> Result<Fenced, StoreError> {
         let now = Instant::now();
-        let mut shard = self.shard(key);
-        Ok(match shard.records.get_mut(key) {
+        let mut shard = self.shard(&hold.key);
+        Ok(match shard.records.get_mut(&hold.key) {
             Some(Record {
                 token: held,
                 state: State::Running { lease_until },
                 expires_at,
                 ..
-            }) if *held == token && *expires_at > now => {
+            }) if *held == hold.token && *expires_at > now => {
                 *lease_until = now + lease;
                 Fenced::Applied
             }
@@ -314,19 +308,14 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn complete(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<Fenced, StoreError> {
-        Ok(self.fenced(key, token, |mut record| {
+    async fn complete(&self, hold: &Hold, response: &StoredResponse) -> Result<Fenced, StoreError> {
+        Ok(self.fenced(hold, |mut record| {
             record.get_mut().state = State::Done(response.clone());
         }))
     }
 
-    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        Ok(self.fenced(key, token, |record| {
+    async fn release(&self, hold: &Hold) -> Result<Fenced, StoreError> {
+        Ok(self.fenced(hold, |record| {
             record.remove();
         }))
     }
@@ -474,7 +463,7 @@ mod tests {
                 "claim {i}"
             );
             if i % 3 == 0 {
-                store.complete(&c.key, c.token, &response()).await.unwrap();
+                store.complete(&c.hold(), &response()).await.unwrap();
             }
             largest = largest.max(store.len());
             tokio::time::advance(Duration::from_millis(1)).await;
@@ -534,7 +523,7 @@ mod tests {
             tokio::spawn(async move { store.wait_for_change(&key, Duration::from_secs(30)).await })
         };
         tokio::task::yield_now().await;
-        store.complete(&c.key, c.token, &response()).await.unwrap();
+        store.complete(&c.hold(), &response()).await.unwrap();
         tokio::time::timeout(Duration::from_secs(5), waiter)
             .await
             .expect("the waiter is woken by the completion, not by its 30 s timeout")

@@ -31,12 +31,12 @@ use crate::key::KeyHash;
 mod dynamic;
 mod error;
 pub(crate) mod record;
-pub use dynamic::{BoxFuture, DynStore, ErasedStore};
+pub use dynamic::{BoxFuture, DynStore, ErasedStore, FencedFuture};
 pub(crate) use error::bounded;
 pub use error::{StoreError, StoreErrorKind};
 pub use record::{
-    Claim, ClaimOutcome, Fenced, FencingToken, OldestRunning, RecordInfo, RecordState, StoreStats,
-    StoredResponse,
+    Claim, ClaimOutcome, Fenced, FencingToken, Hold, OldestRunning, RecordInfo, RecordState,
+    StoreStats, StoredResponse,
 };
 
 #[cfg(feature = "memory")]
@@ -112,29 +112,23 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     fn claim(&self, claim: &Claim)
         -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
 
-    /// Extend the lease of a running record held with `token` to `lease` from now.
+    /// Extend the lease of the running record `hold` holds to `lease` from now.
     fn renew(
         &self,
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         lease: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
-    /// Save `response` on the running record held with `token` and mark it done.
+    /// Save `response` on the running record `hold` holds and mark it done.
     /// The record keeps its expiry.
     fn complete(
         &self,
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         response: &StoredResponse,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
-    /// Delete the running record held with `token`, so a retry can claim the key afresh.
-    fn release(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-    ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
+    /// Delete the running record `hold` holds, so a retry can claim the key afresh.
+    fn release(&self, hold: &Hold) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
     /// Delete up to `batch` expired records; return how many were deleted.
     ///
@@ -221,8 +215,7 @@ pub trait TransactionalStore: Store {
     fn complete_in(
         &self,
         tx: &mut sqlx::Transaction<'static, Self::Database>,
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         response: &StoredResponse,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send;
 
@@ -239,12 +232,11 @@ pub trait TransactionalStore: Store {
     fn complete_and_commit(
         &self,
         tx: sqlx::Transaction<'static, Self::Database>,
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         response: &StoredResponse,
         limit: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
-        complete_then_commit(self, tx, key, token, response, limit)
+        complete_then_commit(self, tx, hold, response, limit)
     }
 }
 
@@ -255,15 +247,14 @@ pub trait TransactionalStore: Store {
 async fn complete_then_commit<St: TransactionalStore + ?Sized>(
     store: &St,
     mut tx: sqlx::Transaction<'static, St::Database>,
-    key: &KeyHash,
-    token: FencingToken,
+    hold: &Hold,
     response: &StoredResponse,
     limit: Duration,
 ) -> Result<Fenced, StoreError> {
     let saved = bounded(
         "the save in the transaction",
         limit,
-        store.complete_in(&mut tx, key, token, response),
+        store.complete_in(&mut tx, hold, response),
     );
     match saved.await? {
         Fenced::Applied => {

@@ -67,6 +67,26 @@ impl fmt::Display for FencingToken {
     }
 }
 
+/// A claim's hold on its key: the key's hash and the fencing token the claim wrote.
+///
+/// Every write after the claim ([`renew`](super::Store::renew),
+/// [`complete`](super::Store::complete), [`release`](super::Store::release)) names the hold it
+/// acts for, and changes the record only while the record still carries that token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold {
+    /// The record's identity.
+    pub key: KeyHash,
+    /// The token of the claim that holds it.
+    pub token: FencingToken,
+}
+
+impl Hold {
+    /// The hold of `token` on `key`.
+    pub fn new(key: KeyHash, token: FencingToken) -> Self {
+        Self { key, token }
+    }
+}
+
 /// What the layer asks a store to claim.
 ///
 /// Stores read the fields; the layer builds it. `#[non_exhaustive]`, so a field added later is
@@ -102,6 +122,11 @@ impl Claim {
             lease,
             ttl,
         }
+    }
+
+    /// The hold this claim takes on its key if it wins.
+    pub fn hold(&self) -> Hold {
+        Hold::new(self.key, self.token)
     }
 }
 

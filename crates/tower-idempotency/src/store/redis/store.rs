@@ -13,7 +13,7 @@ use crate::{
     key::KeyHash,
     store::{
         record::time::{from_millis, to_millis},
-        Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, Store, StoreError, StoreStats,
+        Claim, ClaimOutcome, Fenced, Hold, RecordInfo, Store, StoreError, StoreStats,
         StoredResponse,
     },
 };
@@ -225,36 +225,28 @@ impl Store for RedisStore {
         claim_outcome(self.conn.invoke(&invocation).await?)
     }
 
-    async fn renew(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Fenced, StoreError> {
-        let mut invocation = RENEW.key(self.record_key(key));
-        invocation.arg(token.to_string()).arg(to_millis(lease));
+    async fn renew(&self, hold: &Hold, lease: Duration) -> Result<Fenced, StoreError> {
+        let mut invocation = RENEW.key(self.record_key(&hold.key));
+        invocation.arg(hold.token.to_string()).arg(to_millis(lease));
         self.fenced(&invocation).await
     }
 
-    async fn complete(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<Fenced, StoreError> {
-        let mut invocation = COMPLETE.key(self.record_key(key));
+    async fn complete(&self, hold: &Hold, response: &StoredResponse) -> Result<Fenced, StoreError> {
+        let mut invocation = COMPLETE.key(self.record_key(&hold.key));
         invocation
-            .arg(token.to_string())
+            .arg(hold.token.to_string())
             .arg(response.status.as_u16())
             .arg(response.encode_headers())
             .arg(response.body.as_ref())
-            .arg(self.channel(key));
+            .arg(self.channel(&hold.key));
         self.fenced(&invocation).await
     }
 
-    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        let mut invocation = RELEASE.key(self.record_key(key));
-        invocation.arg(token.to_string()).arg(self.channel(key));
+    async fn release(&self, hold: &Hold) -> Result<Fenced, StoreError> {
+        let mut invocation = RELEASE.key(self.record_key(&hold.key));
+        invocation
+            .arg(hold.token.to_string())
+            .arg(self.channel(&hold.key));
         self.fenced(&invocation).await
     }
 

@@ -23,7 +23,7 @@ use crate::{
     key::KeyHash,
     store::{
         error::{StoreError, StoreErrorKind},
-        record::{time, ClaimOutcome, FencingToken, RecordInfo, StoreStats, StoredResponse},
+        record::{time, ClaimOutcome, Hold, RecordInfo, StoreStats, StoredResponse},
     },
 };
 
@@ -31,17 +31,31 @@ pub(super) use table::TableName;
 
 /// A store's statements, each written for the store's table once, when the store is built
 /// ([`TableName::statement`]): `statements! { struct Queries { field: TEMPLATE, .. } }`.
+///
+/// Besides the fields named, every SQL store has the statements `sql_store!` and the sweeper run:
+/// `sweep`, `check_schema`, `get`, `forget` and `stats`, from the backend's `SWEEP`,
+/// `CHECK_SCHEMA`, `GET`, `FORGET` and `STATS`.
 macro_rules! statements {
     ($(#[$doc:meta])* struct $name:ident { $($field:ident: $template:path),* $(,)? }) => {
         $(#[$doc])*
         pub(super) struct $name {
             $(pub(super) $field: sqlx::SqlStr,)*
+            pub(super) sweep: sqlx::SqlStr,
+            pub(super) check_schema: sqlx::SqlStr,
+            pub(super) get: sqlx::SqlStr,
+            pub(super) forget: sqlx::SqlStr,
+            pub(super) stats: sqlx::SqlStr,
         }
 
         impl $name {
             pub(super) fn new(table: &crate::store::sql::TableName) -> Self {
                 Self {
                     $($field: table.statement($template),)*
+                    sweep: table.statement(SWEEP),
+                    check_schema: table.statement(CHECK_SCHEMA),
+                    get: table.statement(GET),
+                    forget: table.statement(FORGET),
+                    stats: table.statement(STATS),
                 }
             }
         }
@@ -415,24 +429,25 @@ where
         })
     }
 
-    /// The parameters of a write on the record held with `token` (`release`): 1 key, 2 token.
-    pub(super) fn held(key: &KeyHash, token: FencingToken) -> Result<DB::Arguments, StoreError> {
-        Self::encoded(|args| {
-            args.add(key.as_bytes().as_slice())?;
-            args.add(token.as_uuid())
-        })
+    /// The parameters of a write on the record `hold` holds (`release`): 1 key, 2 token.
+    pub(super) fn held(hold: &Hold) -> Result<DB::Arguments, StoreError> {
+        Self::encoded(|args| Self::add_hold(args, hold))
+    }
+
+    /// Adds `hold`'s key and token, in that order.
+    fn add_hold(args: &mut DB::Arguments, hold: &Hold) -> Result<(), BoxDynError> {
+        args.add(hold.key.as_bytes().as_slice())?;
+        args.add(hold.token.as_uuid())
     }
 
     /// The parameters of `complete`: 1 key, 2 token, 3 status, 4 headers, 5 body.
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(super) fn complete(
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         response: &StoredResponse,
     ) -> Result<DB::Arguments, StoreError> {
         Self::encoded(|args| {
-            args.add(key.as_bytes().as_slice())?;
-            args.add(token.as_uuid())?;
+            Self::add_hold(args, hold)?;
             args.add(i32::from(response.status.as_u16()))?;
             args.add(response.encode_headers().as_slice())?;
             args.add(response.body.as_ref())
@@ -443,14 +458,12 @@ where
     /// are numbered by position (MySQL's `?`): 1 lease in milliseconds, 2 key, 3 token.
     #[cfg(feature = "mysql")]
     pub(super) fn renew_set_first(
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         lease: Duration,
     ) -> Result<DB::Arguments, StoreError> {
         Self::encoded(|args| {
             args.add(millis(lease))?;
-            args.add(key.as_bytes().as_slice())?;
-            args.add(token.as_uuid())
+            Self::add_hold(args, hold)
         })
     }
 
@@ -459,16 +472,14 @@ where
     /// 5 token.
     #[cfg(feature = "mysql")]
     pub(super) fn complete_set_first(
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         response: &StoredResponse,
     ) -> Result<DB::Arguments, StoreError> {
         Self::encoded(|args| {
             args.add(i32::from(response.status.as_u16()))?;
             args.add(response.encode_headers().as_slice())?;
             args.add(response.body.as_ref())?;
-            args.add(key.as_bytes().as_slice())?;
-            args.add(token.as_uuid())
+            Self::add_hold(args, hold)
         })
     }
 

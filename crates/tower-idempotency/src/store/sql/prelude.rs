@@ -6,9 +6,7 @@ pub(super) use crate::{
     key::KeyHash,
     store::{
         error::StoreError,
-        record::{
-            Claim, ClaimOutcome, Fenced, FencingToken, RecordInfo, StoreStats, StoredResponse,
-        },
+        record::{Claim, ClaimOutcome, Fenced, Hold, RecordInfo, StoreStats, StoredResponse},
         sql::{
             self,
             batch::{Batcher, Batching, Counters},

@@ -110,8 +110,9 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use sqlx::{
-    mysql::{MySql, MySqlPool},
+    mysql::{MySql, MySqlArguments, MySqlPool},
     pool::PoolConnection,
+    Arguments, SqlStr,
 };
 use tokio::time::Instant;
 
@@ -194,6 +195,18 @@ struct Inner {
 }
 
 impl MySqlStore {
+    /// `statement` on the pool in a task of its own ([`detached`]): the rows it changed.
+    async fn write(
+        &self,
+        statement: &SqlStr,
+        arguments: MySqlArguments,
+    ) -> Result<u64, StoreError> {
+        let write = sqlx::query_with(statement.clone(), arguments);
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
+        Ok(done.rows_affected())
+    }
+
     /// A store on `pool`, batching the claims' reads with [`Batching::default`]. Nothing is
     /// sent to the database until the first operation.
     pub fn new(pool: MySqlPool) -> Self {
@@ -279,50 +292,30 @@ impl Store for MySqlStore {
         ))
     }
 
-    async fn renew(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Fenced, StoreError> {
-        let write = sqlx::query_with(
-            self.inner.queries.renew.clone(),
-            Codec::renew_set_first(key, token, lease)?,
-        );
-        let pool = self.inner.pool.clone();
-        let done = detached(async move { write.execute(&pool).await }).await?;
-        Ok(Fenced::from_rows(done.rows_affected()))
+    async fn renew(&self, hold: &Hold, lease: Duration) -> Result<Fenced, StoreError> {
+        let arguments = Codec::renew_set_first(hold, lease)?;
+        let renewed = self.write(&self.inner.queries.renew, arguments).await?;
+        Ok(Fenced::from_rows(renewed))
     }
 
-    async fn complete(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<Fenced, StoreError> {
-        let write = sqlx::query_with(
-            self.inner.queries.complete.clone(),
-            Codec::complete_set_first(key, token, response)?,
-        );
-        let pool = self.inner.pool.clone();
-        let done = detached(async move { write.execute(&pool).await }).await?;
-        let fenced = Fenced::from_rows(done.rows_affected());
-        Ok(sql::announce(&self.inner.waiters, key, fenced))
+    async fn complete(&self, hold: &Hold, response: &StoredResponse) -> Result<Fenced, StoreError> {
+        let arguments = Codec::complete_set_first(hold, response)?;
+        let completed = self.write(&self.inner.queries.complete, arguments).await?;
+        let fenced = Fenced::from_rows(completed);
+        Ok(sql::announce(&self.inner.waiters, &hold.key, fenced))
     }
 
-    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        let write = sqlx::query_with(self.inner.queries.release.clone(), Codec::held(key, token)?);
-        let pool = self.inner.pool.clone();
-        let done = detached(async move { write.execute(&pool).await }).await?;
-        let fenced = Fenced::from_rows(done.rows_affected());
-        Ok(sql::announce(&self.inner.waiters, key, fenced))
+    async fn release(&self, hold: &Hold) -> Result<Fenced, StoreError> {
+        let released = self
+            .write(&self.inner.queries.release, Codec::held(hold)?)
+            .await?;
+        let fenced = Fenced::from_rows(released);
+        Ok(sql::announce(&self.inner.waiters, &hold.key, fenced))
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
-        let write = sqlx::query(self.inner.queries.sweep.clone()).bind(i64::from(batch));
-        let pool = self.inner.pool.clone();
-        let done = detached(async move { write.execute(&pool).await }).await?;
-        Ok(done.rows_affected())
+        let arguments = Codec::encoded(|args| args.add(i64::from(batch)))?;
+        self.write(&self.inner.queries.sweep, arguments).await
     }
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
@@ -367,20 +360,15 @@ impl TransactionalStore for MySqlStore {
     async fn complete_in(
         &self,
         tx: &mut sqlx::Transaction<'static, MySql>,
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        let done = sqlx::raw_sql(sqlx::AssertSqlSafe(queries::complete_text(
-            &self.inner.table,
-            key,
-            token,
-            response,
-        )))
-        .execute(&mut **tx)
-        .await?;
+        let text = queries::complete_text(&self.inner.table, hold, response);
+        let done = sqlx::raw_sql(sqlx::AssertSqlSafe(text))
+            .execute(&mut **tx)
+            .await?;
         let fenced = Fenced::from_rows(done.rows_affected());
-        Ok(sql::announce(&self.inner.waiters, key, fenced))
+        Ok(sql::announce(&self.inner.waiters, &hold.key, fenced))
     }
 }
 

@@ -7,9 +7,9 @@
 use sqlx::SqlStr;
 
 use crate::{
-    key::{self, KeyHash},
+    key,
     store::{
-        record::{FencingToken, StoredResponse},
+        record::{Hold, StoredResponse},
         sql::TableName,
     },
 };
@@ -112,12 +112,7 @@ WHERE `key` = ? AND token = ? AND state = 'running'
 /// return to the pool; a prepared statement dropped while it is being prepared does not (see
 /// `detached`). Every value is the layer's own bytes written as a hex literal, and the status a
 /// number: no text from a request reaches the statement.
-pub(super) fn complete_text(
-    table: &TableName,
-    key: &KeyHash,
-    token: FencingToken,
-    response: &StoredResponse,
-) -> String {
+pub(super) fn complete_text(table: &TableName, hold: &Hold, response: &StoredResponse) -> String {
     let headers = response.encode_headers();
     let capacity = 160 + table.as_str().len() + 2 * (headers.len() + response.body.len());
     let mut sql = String::with_capacity(capacity);
@@ -130,9 +125,9 @@ pub(super) fn complete_text(
     sql.push_str(", body = ");
     push_hex(&mut sql, &response.body);
     sql.push_str(" WHERE `key` = ");
-    push_hex(&mut sql, key.as_bytes());
+    push_hex(&mut sql, hold.key.as_bytes());
     sql.push_str(" AND token = ");
-    push_hex(&mut sql, token.as_uuid().as_bytes());
+    push_hex(&mut sql, hold.token.as_uuid().as_bytes());
     sql.push_str(" AND state = 'running'");
     sql
 }
@@ -220,17 +215,13 @@ statements! {
         renew: RENEW,
         complete: COMPLETE,
         release: RELEASE,
-        sweep: SWEEP,
-        check_schema: CHECK_SCHEMA,
-        get: GET,
-        forget: FORGET,
-        stats: STATS,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{key::KeyHash, store::FencingToken};
 
     #[test]
     fn the_read_comes_in_powers_of_two_keys_for_its_table() {
@@ -260,7 +251,8 @@ mod tests {
             bytes::Bytes::from_static(b"\x00'\\;"),
         );
         let token = FencingToken::from_uuid(uuid::Uuid::from_bytes([0xab; 16]));
-        let sql = complete_text(&TableName::default(), &KeyHash([1; 32]), token, &response);
+        let hold = Hold::new(KeyHash([1; 32]), token);
+        let sql = complete_text(&TableName::default(), &hold, &response);
         assert!(sql.starts_with("UPDATE idempotency_records SET"), "{sql}");
         assert!(
             sql.contains("status = 201, headers = X'', body = X'00275c3b'"),

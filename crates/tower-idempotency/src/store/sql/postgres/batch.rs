@@ -23,17 +23,12 @@ use super::{
     BatchConnection, BatchConnections, Codec, CHANNEL, CLAIM_ATTEMPTS,
 };
 use crate::store::sql::TableName;
-use crate::{
-    key::KeyHash,
-    store::{
-        sql::{
-            self,
-            batch::{duplicate_of, Runner},
-            millis,
-        },
-        Claim, ClaimOutcome, Fenced, FencingToken, StoreError, StoreErrorKind,
-    },
+use crate::store::sql::{
+    batch::{duplicate_of, Runner},
+    millis,
+    prelude::*,
 };
+use crate::store::{error::StoreErrorKind, record::FencingToken};
 
 /// How often a batch statement aborted by a deadlock or a serialization failure runs again
 /// before its entries are failed with [`StoreErrorKind::Conflict`].
@@ -374,7 +369,7 @@ impl Runner for ClaimsAndSaves {
         };
         let (pool, release) = (self.connections.pool().clone(), self.release.clone());
         sql::release_abandoned(async move {
-            let held = Codec::held(&claim.key, claim.token)?;
+            let held = Codec::held(&claim.hold())?;
             sqlx::query_with(release, held).execute(&pool).await?;
             Ok(())
         });
@@ -487,6 +482,14 @@ pub(super) struct Write {
     pub(super) key: KeyHash,
     pub(super) token: FencingToken,
     pub(super) change: Change,
+}
+
+impl Write {
+    /// `change` on the record `hold` holds.
+    pub(super) fn new(hold: &Hold, change: Change) -> Self {
+        let Hold { key, token } = *hold;
+        Self { key, token, change }
+    }
 }
 
 /// What a [`Write`] does to the record.

@@ -424,32 +424,16 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn renew(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Fenced, StoreError> {
+    async fn renew(&self, hold: &Hold, lease: Duration) -> Result<Fenced, StoreError> {
         let lease_ms = sql::millis(lease);
-        self.inner
-            .renewals
-            .submit(Write {
-                key: *key,
-                token,
-                change: Change::Renew { lease_ms },
-            })
-            .await
+        let renewal = Write::new(hold, Change::Renew { lease_ms });
+        self.inner.renewals.submit(renewal).await
     }
 
-    async fn complete(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<Fenced, StoreError> {
+    async fn complete(&self, hold: &Hold, response: &StoredResponse) -> Result<Fenced, StoreError> {
         let save = Op::Complete {
-            key: *key,
-            token,
+            key: hold.key,
+            token: hold.token,
             status: i32::from(response.status.as_u16()),
             headers: response.encode_headers(),
             body: response.body.clone(),
@@ -460,15 +444,9 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        self.inner
-            .releases
-            .submit(Write {
-                key: *key,
-                token,
-                change: Change::Release,
-            })
-            .await
+    async fn release(&self, hold: &Hold) -> Result<Fenced, StoreError> {
+        let release = Write::new(hold, Change::Release);
+        self.inner.releases.submit(release).await
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
@@ -496,11 +474,10 @@ impl TransactionalStore for PostgresStore {
     async fn complete_in(
         &self,
         tx: &mut sqlx::Transaction<'static, Postgres>,
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        complete_on(&self.inner.queries, tx, key, token, response).await
+        complete_on(&self.inner.queries, tx, hold, response).await
     }
 }
 
@@ -510,17 +487,14 @@ impl TransactionalStore for PostgresStore {
 async fn complete_on(
     queries: &Queries,
     conn: &mut PgConnection,
-    key: &KeyHash,
-    token: FencingToken,
+    hold: &Hold,
     response: &StoredResponse,
 ) -> Result<Fenced, StoreError> {
-    let watched: Option<bool> = sqlx::query_scalar_with(
-        queries.complete.clone(),
-        Codec::complete(key, token, response)?,
-    )
-    .fetch_optional(&mut *conn)
-    .await?;
-    notify_if_watched(conn, key, watched).await
+    let watched: Option<bool> =
+        sqlx::query_scalar_with(queries.complete.clone(), Codec::complete(hold, response)?)
+            .fetch_optional(&mut *conn)
+            .await?;
+    notify_if_watched(conn, &hold.key, watched).await
 }
 
 /// The fencing result of a `complete` or `release` that returned `watched` (`None`: the token

@@ -221,10 +221,5 @@ statements! {
         claim_locked: CLAIM_LOCKED,
         complete: COMPLETE,
         watch: WATCH,
-        sweep: SWEEP,
-        check_schema: CHECK_SCHEMA,
-        get: GET,
-        forget: FORGET,
-        stats: STATS,
     }
 }

@@ -25,17 +25,13 @@ use sqlx::{
 use tokio::sync::Mutex;
 
 use super::{queries::Queries, Codec};
-use crate::{
-    key::{push_hex, KeyHash},
-    store::{
-        sql::{
-            self,
-            batch::{duplicate_of, Runner},
-            millis,
-        },
-        Claim, ClaimOutcome, Fenced, FencingToken, StoreError, StoreErrorKind, StoredResponse,
-    },
+use crate::key::push_hex;
+use crate::store::sql::{
+    batch::{duplicate_of, Runner},
+    millis,
+    prelude::*,
 };
+use crate::store::{error::StoreErrorKind, record::FencingToken};
 
 /// How many rounds a batch runs at most beyond one per entry (a claim that finds its answer
 /// neither read nor written is retried; it cannot happen inside one transaction, but a bound
@@ -47,17 +43,12 @@ const EXTRA_ROUNDS: usize = 2;
 pub(super) enum Write {
     Claim(Claim),
     Complete {
-        key: KeyHash,
-        token: FencingToken,
+        hold: Hold,
         response: StoredResponse,
     },
-    Release {
-        key: KeyHash,
-        token: FencingToken,
-    },
+    Release(Hold),
     Renew {
-        key: KeyHash,
-        token: FencingToken,
+        hold: Hold,
         lease: std::time::Duration,
     },
 }
@@ -151,11 +142,11 @@ impl Runner for Writes {
         }
         for (write, answer) in writes.iter().zip(&answers) {
             if let (
-                Write::Complete { key, .. } | Write::Release { key, .. },
+                Write::Complete { hold, .. } | Write::Release(hold),
                 Some(Written::Fenced(Fenced::Applied)),
             ) = (write, answer)
             {
-                (self.announce)(key);
+                (self.announce)(&hold.key);
             }
         }
         Ok(answers
@@ -181,7 +172,7 @@ impl Runner for Writes {
         let writes = self.clone();
         sql::release_abandoned(async move {
             let _writer = writes.writers.lock().await;
-            let held = Codec::held(&claim.key, claim.token)?;
+            let held = Codec::held(&claim.hold())?;
             sqlx::query_with(writes.queries.release.clone(), held)
                 .execute(&writes.pool)
                 .await?;
@@ -252,24 +243,24 @@ impl Round {
             if answers[i].is_some() {
                 continue;
             }
-            let (array, key, token) = match write {
+            let (array, hold) = match write {
                 Write::Claim(claim) => {
                     if round.first_of_key.contains_key(&claim.key) {
                         continue;
                     }
                     round.first_of_key.insert(claim.key, i);
                     round.claims.push(i);
-                    (3, &claim.key, claim.token)
+                    (3, claim.hold())
                 }
                 _ if !with_fenced => continue,
-                Write::Complete { key, token, .. } => (0, key, *token),
-                Write::Release { key, token } => (1, key, *token),
-                Write::Renew { key, token, .. } => (2, key, *token),
+                Write::Complete { hold, .. } => (0, *hold),
+                Write::Release(hold) => (1, *hold),
+                Write::Renew { hold, .. } => (2, *hold),
             };
             if array != 3 {
                 round
                     .fenced
-                    .entry((array, *key, token))
+                    .entry((array, hold.key, hold.token))
                     .or_default()
                     .push(i);
             }
@@ -384,6 +375,13 @@ fn push_claim_key(out: &mut String, claim: &Claim) {
     hex_field(out, "f", claim.fingerprint.as_bytes());
 }
 
+/// The key and the token of a write on a held record.
+fn push_hold(out: &mut String, hold: &Hold) {
+    hex_field(out, "k", hold.key.as_bytes());
+    out.push(',');
+    hex_field(out, "t", hold.token.as_uuid().as_bytes());
+}
+
 /// `write` as one JSON object of [`BATCH`](super::queries::BATCH)'s arrays: blobs as hex,
 /// numbers as numbers; nothing else, so nothing needs escaping.
 fn push_entry(out: &mut String, write: &Write) {
@@ -400,28 +398,16 @@ fn push_entry(out: &mut String, write: &Write) {
                 millis(claim.ttl)
             );
         }
-        Write::Complete {
-            key,
-            token,
-            response,
-        } => {
-            hex_field(out, "k", key.as_bytes());
-            out.push(',');
-            hex_field(out, "t", token.as_uuid().as_bytes());
+        Write::Complete { hold, response } => {
+            push_hold(out, hold);
             let _ = write!(out, ",\"s\":{},", response.status.as_u16());
             hex_field(out, "h", &response.encode_headers());
             out.push(',');
             hex_field(out, "b", &response.body);
         }
-        Write::Release { key, token } => {
-            hex_field(out, "k", key.as_bytes());
-            out.push(',');
-            hex_field(out, "t", token.as_uuid().as_bytes());
-        }
-        Write::Renew { key, token, lease } => {
-            hex_field(out, "k", key.as_bytes());
-            out.push(',');
-            hex_field(out, "t", token.as_uuid().as_bytes());
+        Write::Release(hold) => push_hold(out, hold),
+        Write::Renew { hold, lease } => {
+            push_hold(out, hold);
             let _ = write!(out, ",\"l\":{}", millis(*lease));
         }
     }

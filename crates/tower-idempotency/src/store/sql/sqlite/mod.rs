@@ -236,38 +236,18 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn renew(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Fenced, StoreError> {
-        self.inner
-            .fenced(Write::Renew {
-                key: *key,
-                token,
-                lease,
-            })
-            .await
+    async fn renew(&self, hold: &Hold, lease: Duration) -> Result<Fenced, StoreError> {
+        let hold = *hold;
+        self.inner.fenced(Write::Renew { hold, lease }).await
     }
 
-    async fn complete(
-        &self,
-        key: &KeyHash,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<Fenced, StoreError> {
-        self.inner
-            .fenced(Write::Complete {
-                key: *key,
-                token,
-                response: response.clone(),
-            })
-            .await
+    async fn complete(&self, hold: &Hold, response: &StoredResponse) -> Result<Fenced, StoreError> {
+        let (hold, response) = (*hold, response.clone());
+        self.inner.fenced(Write::Complete { hold, response }).await
     }
 
-    async fn release(&self, key: &KeyHash, token: FencingToken) -> Result<Fenced, StoreError> {
-        self.inner.fenced(Write::Release { key: *key, token }).await
+    async fn release(&self, hold: &Hold) -> Result<Fenced, StoreError> {
+        self.inner.fenced(Write::Release(*hold)).await
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
@@ -306,12 +286,11 @@ impl TransactionalStore for SqliteStore {
     async fn complete_in(
         &self,
         tx: &mut sqlx::Transaction<'static, Sqlite>,
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         response: &StoredResponse,
     ) -> Result<Fenced, StoreError> {
-        let fenced = complete_on(&self.inner.queries, &mut **tx, key, token, response).await?;
-        Ok(sql::announce(&self.inner.waiters, key, fenced))
+        let fenced = complete_on(&self.inner.queries, &mut **tx, hold, response).await?;
+        Ok(sql::announce(&self.inner.waiters, &hold.key, fenced))
     }
 
     /// The save and the `COMMIT` in one statement list, prepared once per connection: one hop
@@ -324,14 +303,13 @@ impl TransactionalStore for SqliteStore {
     async fn complete_and_commit(
         &self,
         mut tx: sqlx::Transaction<'static, Sqlite>,
-        key: &KeyHash,
-        token: FencingToken,
+        hold: &Hold,
         response: &StoredResponse,
         limit: Duration,
     ) -> Result<Fenced, StoreError> {
         let list = sqlx::query_with(
             self.inner.queries.complete_and_commit.clone(),
-            Codec::complete(key, token, response)?,
+            Codec::complete(hold, response)?,
         );
         let saved = bounded("the save and commit in the transaction", limit, async {
             let mut rows = list.fetch(&mut *tx);
@@ -350,7 +328,11 @@ impl TransactionalStore for SqliteStore {
         })
         .await;
         if let Ok(true) = saved {
-            return Ok(sql::announce(&self.inner.waiters, key, Fenced::Applied));
+            return Ok(sql::announce(
+                &self.inner.waiters,
+                &hold.key,
+                Fenced::Applied,
+            ));
         }
         // Fenced out, failed, or stopped part way by the timeout: the list may have ended the
         // transaction or not.
@@ -387,16 +369,12 @@ impl Inner {
 async fn complete_on<'e>(
     queries: &Queries,
     executor: impl sqlx::SqliteExecutor<'e>,
-    key: &KeyHash,
-    token: FencingToken,
+    hold: &Hold,
     response: &StoredResponse,
 ) -> Result<Fenced, StoreError> {
-    let done = sqlx::query_with(
-        queries.complete.clone(),
-        Codec::complete(key, token, response)?,
-    )
-    .execute(executor)
-    .await?;
+    let done = sqlx::query_with(queries.complete.clone(), Codec::complete(hold, response)?)
+        .execute(executor)
+        .await?;
     Ok(Fenced::from_rows(done.rows_affected()))
 }
 
@@ -404,6 +382,8 @@ async fn complete_on<'e>(
 mod tests {
     use super::*;
     use bytes::Bytes;
+
+    use crate::store::FencingToken;
 
     #[tokio::test]
     async fn in_memory_database_claims_and_replays() {
@@ -432,7 +412,7 @@ mod tests {
             Bytes::from_static(b"{}"),
         );
         assert!(store
-            .complete(&claim.key, claim.token, &saved)
+            .complete(&claim.hold(), &saved)
             .await
             .unwrap()
             .applied());

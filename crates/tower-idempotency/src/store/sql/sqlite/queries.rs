@@ -202,10 +202,5 @@ statements! {
         complete: COMPLETE,
         complete_and_commit: COMPLETE_AND_COMMIT,
         release: RELEASE,
-        sweep: SWEEP,
-        check_schema: CHECK_SCHEMA,
-        get: GET,
-        forget: FORGET,
-        stats: STATS,
     }
 }
