@@ -72,7 +72,7 @@ impl fmt::Display for FencingToken {
 /// Every write after the claim ([`renew`](super::Store::renew),
 /// [`complete`](super::Store::complete), [`release`](super::Store::release)) names the hold it
 /// acts for, and changes the record only while the record still carries that token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Hold {
     /// The record's identity.
     pub key: KeyHash,

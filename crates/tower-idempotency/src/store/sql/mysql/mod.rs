@@ -195,18 +195,6 @@ struct Inner {
 }
 
 impl MySqlStore {
-    /// `statement` on the pool in a task of its own ([`detached`]): the rows it changed.
-    async fn write(
-        &self,
-        statement: &SqlStr,
-        arguments: MySqlArguments,
-    ) -> Result<u64, StoreError> {
-        let write = sqlx::query_with(statement.clone(), arguments);
-        let pool = self.inner.pool.clone();
-        let done = detached(async move { write.execute(&pool).await }).await?;
-        Ok(done.rows_affected())
-    }
-
     /// A store on `pool`, batching the claims' reads with [`Batching::default`]. Nothing is
     /// sent to the database until the first operation.
     pub fn new(pool: MySqlPool) -> Self {
@@ -227,6 +215,18 @@ impl MySqlStore {
                 waiters: Arc::default(),
             }),
         }
+    }
+
+    /// `statement` on the pool in a task of its own ([`detached`]): the rows it changed.
+    async fn write(
+        &self,
+        statement: &SqlStr,
+        arguments: MySqlArguments,
+    ) -> Result<u64, StoreError> {
+        let write = sqlx::query_with(statement.clone(), arguments);
+        let pool = self.inner.pool.clone();
+        let done = detached(async move { write.execute(&pool).await }).await?;
+        Ok(done.rows_affected())
     }
 
     /// Run `CLAIM` for `claim`, on `conn` if its read handed one over, else on a connection of

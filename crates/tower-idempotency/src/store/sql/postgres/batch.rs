@@ -177,10 +177,9 @@ const NOTIFY_MANY: &str = "SELECT pg_notify($1, k) FROM unnest($2::text[]) AS k"
 #[derive(Debug)]
 pub(super) enum Op {
     Claim(Claim),
-    /// Save the response (status, encoded headers, body) on the record held with `token`.
+    /// Save the response (status, encoded headers, body) on the record `hold` holds.
     Complete {
-        key: KeyHash,
-        token: FencingToken,
+        hold: Hold,
         status: i32,
         headers: Vec<u8>,
         body: bytes::Bytes,
@@ -323,7 +322,7 @@ impl<'a> Answers<'a> {
 
 fn key_of(op: &Op) -> &KeyHash {
     match op {
-        Op::Complete { key, .. } => key,
+        Op::Complete { hold, .. } => &hold.key,
         Op::Claim(claim) => &claim.key,
     }
 }
@@ -418,15 +417,14 @@ fn bind_saves<'q>(query: PgQuery<'q>, ops: &'q [Op], saves: &[usize]) -> PgQuery
         (vec![], vec![], vec![], vec![], vec![]);
     for &i in saves {
         if let Op::Complete {
-            key,
-            token,
+            hold,
             status,
             headers: encoded,
             body,
         } = &ops[i]
         {
-            keys.push(key.0);
-            tokens.push(token.as_uuid());
+            keys.push(hold.key.0);
+            tokens.push(hold.token.as_uuid());
             statuses.push(*status);
             headers.push(encoded.as_slice());
             bodies.push(body.as_ref());
@@ -479,17 +477,9 @@ async fn fetch_all_retrying<'q>(
 /// One token-checked write of a held record.
 #[derive(Debug)]
 pub(super) struct Write {
-    pub(super) key: KeyHash,
-    pub(super) token: FencingToken,
+    /// The record, and the token it must still carry.
+    pub(super) hold: Hold,
     pub(super) change: Change,
-}
-
-impl Write {
-    /// `change` on the record `hold` holds.
-    pub(super) fn new(hold: &Hold, change: Change) -> Self {
-        let Hold { key, token } = *hold;
-        Self { key, token, change }
-    }
 }
 
 /// What a [`Write`] does to the record.
@@ -524,28 +514,25 @@ impl Runner for Writes {
     async fn run(&self, writes: &[Write]) -> Result<Vec<Result<Fenced, StoreError>>, StoreError> {
         let mut connection = self.connections.acquire().await?;
         let rows = fetch_all_retrying(&mut connection, || self.write_many(writes)).await?;
-        let mut applied: HashMap<([u8; 32], uuid::Uuid), bool> = HashMap::new();
+        let mut applied: HashMap<Hold, bool> = HashMap::new();
         for row in &rows {
             let key: Vec<u8> = row.try_get("key")?;
             let key: [u8; 32] = key
                 .try_into()
                 .map_err(|_| StoreError::corrupt("a record's key is not 32 bytes"))?;
-            applied.insert((key, row.try_get("token")?), row.try_get("watched")?);
+            let token = FencingToken::from_uuid(row.try_get("token")?);
+            applied.insert(Hold::new(KeyHash(key), token), row.try_get("watched")?);
         }
         let watched: Vec<String> = writes
             .iter()
-            .filter(|w| applied.get(&(w.key.0, w.token.as_uuid())) == Some(&true))
-            .map(|w| w.key.to_hex())
+            .filter(|w| applied.get(&w.hold) == Some(&true))
+            .map(|w| w.hold.key.to_hex())
             .collect();
         notify(&mut connection, watched).await?;
         self.connections.park(connection);
         Ok(writes
             .iter()
-            .map(|w| {
-                Ok(Fenced::applied_if(
-                    applied.contains_key(&(w.key.0, w.token.as_uuid())),
-                ))
-            })
+            .map(|w| Ok(Fenced::applied_if(applied.contains_key(&w.hold))))
             .collect())
     }
 
@@ -573,8 +560,13 @@ impl Writes {
 
     fn write_many<'q>(&self, writes: &'q [Write]) -> PgQuery<'q> {
         let query = sqlx::query(self.statement.clone())
-            .bind(writes.iter().map(|w| w.key.0).collect::<Vec<_>>())
-            .bind(writes.iter().map(|w| w.token.as_uuid()).collect::<Vec<_>>());
+            .bind(writes.iter().map(|w| w.hold.key.0).collect::<Vec<_>>())
+            .bind(
+                writes
+                    .iter()
+                    .map(|w| w.hold.token.as_uuid())
+                    .collect::<Vec<_>>(),
+            );
         match self.kind {
             WriteKind::Release => query,
             WriteKind::Renew => query.bind(

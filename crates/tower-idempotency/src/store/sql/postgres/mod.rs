@@ -426,14 +426,16 @@ impl Store for PostgresStore {
 
     async fn renew(&self, hold: &Hold, lease: Duration) -> Result<Fenced, StoreError> {
         let lease_ms = sql::millis(lease);
-        let renewal = Write::new(hold, Change::Renew { lease_ms });
+        let renewal = Write {
+            hold: *hold,
+            change: Change::Renew { lease_ms },
+        };
         self.inner.renewals.submit(renewal).await
     }
 
     async fn complete(&self, hold: &Hold, response: &StoredResponse) -> Result<Fenced, StoreError> {
         let save = Op::Complete {
-            key: hold.key,
-            token: hold.token,
+            hold: *hold,
             status: i32::from(response.status.as_u16()),
             headers: response.encode_headers(),
             body: response.body.clone(),
@@ -445,7 +447,10 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, hold: &Hold) -> Result<Fenced, StoreError> {
-        let release = Write::new(hold, Change::Release);
+        let release = Write {
+            hold: *hold,
+            change: Change::Release,
+        };
         self.inner.releases.submit(release).await
     }
 
