@@ -123,6 +123,38 @@ macro_rules! sql_backend {
     };
 }
 
+/// The parked events, oldest first, with `$processed_at` the dialect's expression for
+/// `processed_at` in milliseconds since the Unix epoch.
+macro_rules! parked_sql {
+    ($processed_at:literal) => {
+        concat!(
+            r#"
+SELECT event_id, attempts, last_error, payload, "#,
+            $processed_at,
+            r#"
+FROM processed_events
+WHERE consumer = $1 AND status = 'parked'
+ORDER BY processed_at, event_id
+LIMIT $2
+"#
+        )
+    };
+}
+
+/// Take one parked event out, returning what [`parked_sql!`] lists of it.
+macro_rules! replay_sql {
+    ($processed_at:literal) => {
+        concat!(
+            r#"
+DELETE FROM processed_events
+WHERE consumer = $1 AND event_id = $2 AND status = 'parked'
+RETURNING event_id, attempts, last_error, payload, "#,
+            $processed_at,
+            "\n"
+        )
+    };
+}
+
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]

@@ -86,20 +86,8 @@ ON CONFLICT (consumer, event_id) DO UPDATE SET
 WHERE processed_events.status = 'failed'
 RETURNING status, attempts
 "#,
-    parked: r#"
-SELECT event_id, attempts, last_error, payload,
-       (extract(epoch FROM processed_at) * 1000)::bigint
-FROM processed_events
-WHERE consumer = $1 AND status = 'parked'
-ORDER BY processed_at, event_id
-LIMIT $2
-"#,
-    replay: r#"
-DELETE FROM processed_events
-WHERE consumer = $1 AND event_id = $2 AND status = 'parked'
-RETURNING event_id, attempts, last_error, payload,
-          (extract(epoch FROM processed_at) * 1000)::bigint
-"#,
+    parked: parked_sql!("(extract(epoch FROM processed_at) * 1000)::bigint"),
+    replay: replay_sql!("(extract(epoch FROM processed_at) * 1000)::bigint"),
     // Skips rows another transaction holds, so a sweep never waits on a delivery in progress.
     sweep: r#"
 DELETE FROM processed_events

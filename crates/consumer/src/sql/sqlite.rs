@@ -104,18 +104,8 @@ WHERE processed_events.status = 'failed'
 RETURNING status, attempts
 "#
     ),
-    parked: r#"
-SELECT event_id, attempts, last_error, payload, processed_at
-FROM processed_events
-WHERE consumer = $1 AND status = 'parked'
-ORDER BY processed_at, event_id
-LIMIT $2
-"#,
-    replay: r#"
-DELETE FROM processed_events
-WHERE consumer = $1 AND event_id = $2 AND status = 'parked'
-RETURNING event_id, attempts, last_error, payload, processed_at
-"#,
+    parked: parked_sql!("processed_at"),
+    replay: replay_sql!("processed_at"),
     sweep: concat!(
         r#"
 DELETE FROM processed_events

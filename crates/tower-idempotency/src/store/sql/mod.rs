@@ -208,6 +208,25 @@ macro_rules! migrations {
     };
 }
 
+/// The head of a claim's upsert in PostgreSQL and SQLite: `ON CONFLICT (key) DO UPDATE SET` and
+/// what a take-over resets (the new attempt's fingerprint, token and lease; no answer). Each
+/// backend appends the dates and the `WHERE` that decides which records may be taken, in its own
+/// clock's terms.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! take_over_set {
+    () => {
+        r#"ON CONFLICT (key) DO UPDATE SET
+    fingerprint = excluded.fingerprint,
+    token       = excluded.token,
+    state       = 'running',
+    status      = NULL,
+    headers     = NULL,
+    body        = NULL,
+    lease_until = excluded.lease_until,
+"#
+    };
+}
+
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(super) mod batch;
 mod error;

@@ -9,20 +9,15 @@
 /// decide alike.
 macro_rules! take_over_sql {
     () => {
-        r#"    ON CONFLICT (key) DO UPDATE SET
-        fingerprint = EXCLUDED.fingerprint,
-        token       = EXCLUDED.token,
-        state       = 'running',
-        status      = NULL,
-        headers     = NULL,
-        body        = NULL,
-        lease_until = EXCLUDED.lease_until,
-        watched     = r.watched AND r.expires_at > now(),
+        concat!(
+            take_over_set!(),
+            r#"    watched     = r.watched AND r.expires_at > now(),
         created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
         expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
     WHERE r.expires_at <= now()
        OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
 "#
+        )
     };
 }
 pub(super) use take_over_sql;

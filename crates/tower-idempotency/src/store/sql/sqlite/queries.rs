@@ -83,15 +83,9 @@ SELECT unhex(j.value ->> 'k'), unhex(j.value ->> 'f'), unhex(j.value ->> 't'), '
 FROM json_each(?1, '$.c') AS j,
      (SELECT CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) AS now) AS clock
 WHERE true
-ON CONFLICT (key) DO UPDATE SET
-    fingerprint = excluded.fingerprint,
-    token       = excluded.token,
-    state       = 'running',
-    status      = NULL,
-    headers     = NULL,
-    body        = NULL,
-    lease_until = excluded.lease_until,
-    created_at  = iif(r.expires_at <= excluded.created_at, excluded.created_at, r.created_at),
+"#,
+        take_over_set!(),
+        r#"    created_at  = iif(r.expires_at <= excluded.created_at, excluded.created_at, r.created_at),
     expires_at  = iif(r.expires_at <= excluded.created_at, excluded.expires_at, r.expires_at)
 WHERE r.expires_at <= excluded.created_at
    OR (r.state = 'running' AND r.lease_until <= excluded.created_at
