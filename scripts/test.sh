@@ -154,8 +154,10 @@ ensure_nextest() {
   cargo install --locked cargo-nextest
 }
 
-# Test databases of earlier runs: each concurrency test makes its own (see tests/src/lib.rs).
+# Test databases of earlier runs: each database test makes its own (crates/testkit), on the
+# servers and as SQLite files `tidem_*.db` in the temp dir.
 drop_old_test_databases() {
+  find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'tidem_*.db*' -type f -delete 2>/dev/null || true
   if command -v mariadb >/dev/null 2>&1; then
     mariadb -h127.0.0.1 -uroot -N -e "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE 'tidem\\_%'" 2>/dev/null |
       while read -r db; do

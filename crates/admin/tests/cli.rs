@@ -14,10 +14,9 @@ use tower_idempotency::{
     },
     IdempotencyKey, KeyHash, Scope,
 };
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
-}
+use tower_idempotency_testkit::{
+    fresh_mysql, fresh_postgres, fresh_sqlite_path, redis_url, unique_name,
+};
 
 async fn admin(url: &str, args: &[&str]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-idempotency-admin"))
@@ -193,15 +192,7 @@ async fn the_verbs_on_saved_keys<S: Store>(url: &str, store: &S, prefix: &[&str]
 
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_migrate_check_inspect_stats_forget_sweep() {
-    let server =
-        std::env::var("DATABASE_URL").expect("DATABASE_URL: a PostgreSQL server for this test");
-    let name = unique("tidem_admin");
-    let pool = sqlx::PgPool::connect(&server).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let url = format!("{}/{name}", server.rsplit_once('/').unwrap().0);
+    let url = fresh_postgres("tidem_admin").await.url;
 
     let unmigrated = admin(&url, &["check"]).await;
     assert_eq!(unmigrated.status.code(), Some(1));
@@ -211,18 +202,11 @@ async fn postgres_migrate_check_inspect_stats_forget_sweep() {
 
     let store = PostgresStore::new(sqlx::PgPool::connect(&url).await.unwrap());
     the_verbs_on_saved_keys(&url, &store, &[]).await;
-    store.pool().close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE {name} WITH (FORCE)"
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sqlite_migrate_check_inspect_stats_forget_sweep() {
-    let file = std::env::temp_dir().join(format!("{}.db", unique("tidem_admin")));
+    let file = fresh_sqlite_path("admin");
     let url = format!("sqlite://{}?mode=rwc", file.display());
     let unmigrated = admin(&url, &["check"]).await;
     assert_eq!(unmigrated.status.code(), Some(1));
@@ -235,14 +219,11 @@ async fn sqlite_migrate_check_inspect_stats_forget_sweep() {
             .unwrap(),
     );
     the_verbs_on_saved_keys(&url, &store, &[]).await;
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sqlite_on_another_table_with_the_table_flag() {
-    let file = std::env::temp_dir().join(format!("{}.db", unique("tidem_admin")));
+    let file = fresh_sqlite_path("admin");
     let url = format!("sqlite://{}?mode=rwc", file.display());
     let table = ["--table", "ops_idempotency"];
     assert!(admin(&url, &[&table[..], &["migrate"]].concat())
@@ -272,21 +253,11 @@ async fn sqlite_on_another_table_with_the_table_flag() {
         .unwrap();
     let store = SqliteStore::new(pool).with_table("ops_idempotency".parse().unwrap());
     the_verbs_on_saved_keys(&url, &store, &table).await;
-    for suffix in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mysql_migrate_check_inspect_stats_forget_sweep() {
-    let server = std::env::var("MYSQL_URL").expect("MYSQL_URL: a MySQL or MariaDB server");
-    let name = unique("tidem_admin");
-    let pool = MySqlPool::connect(&server).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let url = format!("{}/{name}", server.rsplit_once('/').unwrap().0);
+    let url = fresh_mysql("tidem_admin").await.url;
 
     let unmigrated = admin(&url, &["check"]).await;
     assert_eq!(unmigrated.status.code(), Some(1), "{unmigrated:?}");
@@ -312,17 +283,12 @@ async fn mysql_migrate_check_inspect_stats_forget_sweep() {
     // MariaDB users often write `mariadb://`: the tool reads it as `mysql://`.
     let mariadb = url.replacen("mysql:", "mariadb:", 1);
     assert!(admin(&mariadb, &["stats"]).await.status.success());
-    store.pool().close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE `{name}`")))
-        .execute(&pool)
-        .await
-        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_check_inspect_stats_forget() {
-    let url = std::env::var("REDIS_URL").expect("REDIS_URL: a Redis server for this test");
-    let prefix = unique("tidem_admin");
+    let url = redis_url();
+    let prefix = unique_name("tidem_admin");
     let store = RedisStore::connect(redis::Client::open(url.as_str()).unwrap())
         .await
         .unwrap()

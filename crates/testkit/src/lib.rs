@@ -5,8 +5,9 @@
 //! Never published, and only ever a dev-dependency (or the dependency of a test-only crate).
 //!
 //! URLs are read at run time. A missing variable fails the test with the variable's name: the
-//! database tests never skip themselves. Every database a test creates is named `tidem_..`
-//! (`scripts/test.sh` drops them on its next run).
+//! database tests never skip themselves. Every database a test creates is named `tidem_..`, and
+//! every SQLite file `tidem_..db` in the system temp dir: `scripts/test.sh` drops and removes
+//! them on its next run.
 
 use std::{
     sync::atomic::{AtomicU64, Ordering},
@@ -120,9 +121,10 @@ pub async fn fresh_mysql(prefix: &str) -> FreshDatabase<sqlx::mysql::MySqlConnec
     }
 }
 
-/// A fresh SQLite file's path in the system temp dir, `{prefix}_...db`; nothing is created yet.
-pub fn fresh_sqlite_path(prefix: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("{}.db", unique_name(prefix)))
+/// A fresh SQLite file's path in the system temp dir, `tidem_{label}_...db`; nothing is created
+/// yet.
+pub fn fresh_sqlite_path(label: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{}.db", unique_name(&format!("tidem_{label}"))))
 }
 
 /// A pool on the SQLite file at `path` (created if missing; WAL mode; a busy timeout of
@@ -199,7 +201,7 @@ pub async fn fresh_mysql_pool(max_connections: u32, isolation: Isolation) -> sql
 /// timeout).
 #[cfg(feature = "sqlite")]
 pub async fn fresh_sqlite_pool(max_connections: u32) -> sqlx::SqlitePool {
-    let path = fresh_sqlite_path("tidem");
+    let path = fresh_sqlite_path("store");
     sqlite_pool(&path, max_connections, Duration::from_secs(10)).await
 }
 

@@ -40,7 +40,7 @@ async fn order(url: &str, key: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_admin_routes_answer_the_token_only_and_forget_frees_a_key() {
-    let file = std::env::temp_dir().join(format!("{}.db", common::unique("orders_admin")));
+    let file = tower_idempotency_testkit::fresh_sqlite_path("orders_admin");
     let database_url = format!("sqlite://{}", file.display());
     let mut child = common::orders_api(&database_url)
         .env("ADMIN_TOKEN", TOKEN)

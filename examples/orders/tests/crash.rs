@@ -62,7 +62,7 @@ async fn fresh_mysql() -> (String, Probe) {
 
 /// A fresh SQLite file: its URL and a pool on it (opened once the binary created it).
 async fn fresh_sqlite() -> (String, std::path::PathBuf) {
-    let path = std::env::temp_dir().join(format!("{}.db", common::unique("orders_crash")));
+    let path = tower_idempotency_testkit::fresh_sqlite_path("orders_crash");
     (format!("sqlite://{}", path.display()), path)
 }
 

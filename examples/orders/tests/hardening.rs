@@ -28,7 +28,9 @@ struct SqliteFile(std::path::PathBuf);
 
 impl SqliteFile {
     fn new() -> Self {
-        Self(std::env::temp_dir().join(format!("{}.db", common::unique("orders_hardening"))))
+        Self(tower_idempotency_testkit::fresh_sqlite_path(
+            "orders_hardening",
+        ))
     }
 
     fn url(&self) -> String {

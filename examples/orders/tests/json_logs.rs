@@ -7,7 +7,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_binary_logs_json_lines_carrying_the_matched_route() {
-    let file = std::env::temp_dir().join(format!("{}.db", common::unique("orders_json_logs")));
+    let file = tower_idempotency_testkit::fresh_sqlite_path("orders_json_logs");
     let database_url = format!("sqlite://{}", file.display());
     let mut child = common::orders_api(&database_url)
         .env("LOG_FORMAT", "json")

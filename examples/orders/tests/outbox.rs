@@ -99,7 +99,7 @@ async fn without_the_setting_the_outbox_stays_empty() {
 #[tokio::test]
 #[should_panic(expected = "the outbox (OUTBOX=true) needs PostgreSQL")]
 async fn the_outbox_on_sqlite_is_refused() {
-    let path = std::env::temp_dir().join(format!("{}.db", common::unique("tidem_orders_outbox")));
+    let path = tower_idempotency_testkit::fresh_sqlite_path("orders_outbox");
     let db = Db::connect(Some(&format!("sqlite://{}", path.display())))
         .await
         .expect("open a SQLite file");

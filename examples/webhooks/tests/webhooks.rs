@@ -42,25 +42,11 @@ fn standard_secret() -> standard::Secret {
 
 /// The router on a fresh, migrated SQLite file, and its pool.
 async fn receiver(config: Config) -> (Router, SqlitePool) {
-    let path = std::env::temp_dir().join(format!("tidem_webhooks_{}.db", uuid_like()));
+    let path = tower_idempotency_testkit::fresh_sqlite_path("webhooks");
     let url = format!("sqlite://{}", path.display());
     let pool = webhooks_example::connect(&url).await.expect("open SQLite");
     webhooks_example::migrate(&pool).await.expect("migrate");
     (webhooks_example::app(pool.clone(), config), pool)
-}
-
-fn uuid_like() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    format!(
-        "{}_{}_{nanos}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 fn now() -> u64 {

@@ -59,7 +59,7 @@ pub async fn postgres_pool(url: &str) -> PgPool {
 #[cfg(feature = "sqlite")]
 /// A fresh SQLite file in the system temp dir, migrated; returns its pool and path.
 pub async fn fresh_sqlite() -> (SqlitePool, String) {
-    let path = tower_idempotency_testkit::fresh_sqlite_path("tidem_consumer");
+    let path = tower_idempotency_testkit::fresh_sqlite_path("consumer");
     let path = path.to_str().expect("a UTF-8 temp dir").to_owned();
     let pool = sqlite_pool(&path).await;
     tower_idempotency_consumer::SqliteConsumer::new(pool.clone(), "ledger")
