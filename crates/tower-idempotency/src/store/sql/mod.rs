@@ -605,6 +605,13 @@ pub(super) fn millis(duration: Duration) -> i64 {
     i64::try_from(time::to_millis(duration).max(1)).unwrap_or(i64::MAX)
 }
 
+/// A record's key as a statement returned it: the 32 bytes of its [`KeyHash`].
+pub(super) fn stored_key(bytes: &[u8]) -> Result<KeyHash, StoreError> {
+    <[u8; 32]>::try_from(bytes)
+        .map(KeyHash)
+        .map_err(|_| StoreError::corrupt("a stored key is not 32 bytes"))
+}
+
 /// The time left, from the milliseconds a statement computed (none: nothing left).
 fn remaining(ms: Option<i64>) -> Duration {
     ms.map_or(Duration::ZERO, time::from_millis)
@@ -633,10 +640,7 @@ fn stats_of(
     Ok(match key {
         None => stats,
         Some(key) => stats.with_oldest_running(
-            KeyHash(
-                key.try_into()
-                    .map_err(|_| StoreError::corrupt("a stored key is not 32 bytes"))?,
-            ),
+            stored_key(&key)?,
             Duration::from_millis(count(age_ms.unwrap_or(0))),
         ),
     })

@@ -22,16 +22,7 @@ use sqlx::{
 };
 
 use super::{detached, queries::live_many, Codec};
-use crate::{
-    key::KeyHash,
-    store::{
-        sql::{
-            batch::{Batching, Runner},
-            TableName,
-        },
-        Claim, ClaimOutcome, StoreError,
-    },
-};
+use crate::store::sql::{batch::Runner, prelude::*};
 
 /// The most keys one read binds: a larger [`Batching::max_batch`] is cut to this for the
 /// reads, well below MySQL's 65,535 parameters per statement.
@@ -137,11 +128,7 @@ fn answer(
 ) -> Result<Vec<Result<Read, StoreError>>, StoreError> {
     let mut found = HashMap::with_capacity(rows.len());
     for row in rows {
-        let key: &[u8] = row.try_get("key")?;
-        let key: [u8; 32] = key
-            .try_into()
-            .map_err(|_| StoreError::corrupt("a record's key is not 32 bytes"))?;
-        found.insert(KeyHash(key), row);
+        found.insert(sql::stored_key(row.try_get("key")?)?, row);
     }
     let mut conn = Some(conn);
     Ok(claims

@@ -22,7 +22,6 @@ use super::{
     queries::{take_over_sql, RELEASE},
     BatchConnection, BatchConnections, Codec, CHANNEL, CLAIM_ATTEMPTS,
 };
-use crate::store::sql::TableName;
 use crate::store::sql::{
     batch::{duplicate_of, Runner},
     millis,
@@ -516,12 +515,9 @@ impl Runner for Writes {
         let rows = fetch_all_retrying(&mut connection, || self.write_many(writes)).await?;
         let mut applied: HashMap<Hold, bool> = HashMap::new();
         for row in &rows {
-            let key: Vec<u8> = row.try_get("key")?;
-            let key: [u8; 32] = key
-                .try_into()
-                .map_err(|_| StoreError::corrupt("a record's key is not 32 bytes"))?;
+            let key = sql::stored_key(row.try_get("key")?)?;
             let token = FencingToken::from_uuid(row.try_get("token")?);
-            applied.insert(Hold::new(KeyHash(key), token), row.try_get("watched")?);
+            applied.insert(Hold::new(key, token), row.try_get("watched")?);
         }
         let watched: Vec<String> = writes
             .iter()

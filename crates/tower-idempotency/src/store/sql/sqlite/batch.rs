@@ -354,11 +354,7 @@ impl Round {
 }
 
 fn key_of(row: &SqliteRow) -> Result<KeyHash, StoreError> {
-    let key: &[u8] = row.try_get("key")?;
-    let key: [u8; 32] = key
-        .try_into()
-        .map_err(|_| StoreError::corrupt("a record's key is not 32 bytes"))?;
-    Ok(KeyHash(key))
+    sql::stored_key(row.try_get("key")?)
 }
 
 /// `"name":"<hex of bytes>"`.
