@@ -229,6 +229,8 @@ macro_rules! take_over_set {
 
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub(super) mod batch;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(super) mod connections;
 mod error;
 #[cfg(feature = "mysql")]
 pub mod mysql;

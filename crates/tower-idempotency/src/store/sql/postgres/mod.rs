@@ -97,16 +97,13 @@ use std::{
     time::Duration,
 };
 
-use sqlx::{
-    pool::PoolConnection,
-    postgres::{PgConnection, PgPool, PgPoolOptions, Postgres},
-};
+use sqlx::postgres::{PgConnection, PgPool, Postgres};
 use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
 
 use super::prelude::*;
-use crate::store::{error::StoreErrorKind, waiters::lock};
+use crate::store::error::StoreErrorKind;
 
 mod batch;
 pub(in crate::store) mod error;
@@ -171,7 +168,7 @@ impl PostgresStore {
 
     fn build(pool: PgPool, batching: Batching, table: TableName) -> Self {
         let batches = Arc::new(Counters::default());
-        let connections = Arc::new(BatchConnections::new(&pool, batching));
+        let connections = Arc::new(batch_connections(&pool, batching));
         let writes = |kind| {
             let runner = Writes::new(connections.clone(), kind, &table);
             Batcher::new(runner, batching, batches.clone())
@@ -221,135 +218,20 @@ sql_store!(
     batching: "concurrent claims, saves, releases and renewals share statements"
 );
 
-/// The connections the batches run on: the pool's own options, in a pool of their own, so
-/// batches never wait behind the application's queries for a connection, with generic plans
-/// forced and no ping before each batch; and the connections kept between batches.
+/// The batches' connections: the application pool's options with generic plans forced, in a
+/// pool of the store's own (see [`connections`](crate::store::sql::connections)), at most four
+/// per pipeline slot.
 ///
 /// The batch statements take arrays, and PostgreSQL would otherwise plan every execution anew for
 /// the arrays' actual contents (a custom plan), which for the claim costs more than running it:
 /// measured with pgbench, 16-key claims ran at 479 statements/s with custom plans and 1,661 with
 /// the generic one. One generic plan fits every batch: each entry is one index probe.
-/// At most four connections per pipeline slot are opened, on demand.
-///
-/// A checkout does not ping (a round trip per batch), except for a connection that has been
-/// idle since a batch last failed: after a cut network or a restarted server every idle
-/// connection may be dead, and each would fail one more batch. A connection returned since
-/// then is alive, as sqlx pings every connection it takes back.
-///
-/// That ping on return is a round trip per batch too, so a connection whose batch succeeded is
-/// parked here for the next batch instead of going back to the pool. A parked connection goes
-/// back (and is pinged) once it has run [`PARKED_BATCHES`] batches, so the pool's lifetime
-/// rules still apply to it, or when it is taken after [`PARKED_FOR`] idle or after a failed
-/// batch; a batch that fails drops its connection, which sqlx then tests.
-struct BatchConnections {
-    pool: PgPool,
-    failures: Arc<BatchFailures>,
-    parked: Mutex<Vec<Parked>>,
-}
+type BatchConnections = sql::connections::BatchConnections<Postgres>;
 
-/// How many batches in a row a connection runs before it goes back to the pool.
-const PARKED_BATCHES: u32 = 1_000;
-/// How long a connection may wait parked; past this it goes back to the pool.
-const PARKED_FOR: Duration = Duration::from_secs(10);
+/// A connection for one batch.
+pub(super) type BatchConnection = sql::connections::BatchConnection<Postgres>;
 
-/// A connection for one batch: [`BatchConnections::park`] it after the batch succeeded.
-pub(super) struct BatchConnection {
-    connection: PoolConnection<Postgres>,
-    /// The batches it ran since it left the pool.
-    batches: u32,
-}
-
-impl std::ops::Deref for BatchConnection {
-    type Target = PgConnection;
-
-    fn deref(&self) -> &PgConnection {
-        &self.connection
-    }
-}
-
-impl std::ops::DerefMut for BatchConnection {
-    fn deref_mut(&mut self) -> &mut PgConnection {
-        &mut self.connection
-    }
-}
-
-struct Parked {
-    connection: BatchConnection,
-    since: std::time::Instant,
-}
-
-impl BatchConnections {
-    fn new(pool: &PgPool, batching: Batching) -> Self {
-        let failures = Arc::new(BatchFailures::default());
-        Self {
-            pool: batch_pool(pool, batching, failures.clone()),
-            failures,
-            parked: Mutex::default(),
-        }
-    }
-
-    /// The pool the batches' connections come from.
-    pub(super) fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// A parked connection still fit for a batch, or one from the pool.
-    pub(super) async fn acquire(&self) -> Result<BatchConnection, StoreError> {
-        let (mut fit, mut unfit) = (None, Vec::new());
-        {
-            let mut parked = lock(&self.parked);
-            while let Some(p) = parked.pop() {
-                let idle = p.since.elapsed();
-                if idle < PARKED_FOR && !self.failures.since_idle(idle) {
-                    fit = Some(p.connection);
-                    break;
-                }
-                unfit.push(p);
-            }
-        }
-        // Dropped outside the lock: each goes back to the pool, which pings it.
-        drop(unfit);
-        match fit {
-            Some(connection) => Ok(connection),
-            None => Ok(BatchConnection {
-                connection: self.pool.acquire().await?,
-                batches: 0,
-            }),
-        }
-    }
-
-    /// Keep `connection`, whose batch succeeded, for the next batch.
-    pub(super) fn park(&self, mut connection: BatchConnection) {
-        connection.batches += 1;
-        if connection.batches >= PARKED_BATCHES {
-            return;
-        }
-        let mut parked = lock(&self.parked);
-        // Checked under the lock `close` drains with, so nothing is parked after it drained.
-        if !self.pool.is_closed() {
-            parked.push(Parked {
-                connection,
-                since: std::time::Instant::now(),
-            });
-        }
-    }
-
-    /// A batch failed as a whole: its connection may be dead, and so may the idle ones.
-    pub(super) fn failed(&self) {
-        self.failures.note();
-    }
-
-    async fn close(&self) {
-        // Marks the pool closed at once; it finishes when every connection is back.
-        let closing = self.pool.close();
-        let parked = std::mem::take(&mut *lock(&self.parked));
-        drop(parked);
-        closing.await;
-    }
-}
-
-/// The pool of [`BatchConnections`].
-fn batch_pool(pool: &PgPool, batching: Batching, failures: Arc<BatchFailures>) -> PgPool {
+fn batch_connections(pool: &PgPool, batching: Batching) -> BatchConnections {
     let options = pool.connect_options().as_ref().clone().options([
         ("plan_cache_mode", "force_generic_plan"),
         // Every batch statement finds its rows by key. A generic plan made while the table
@@ -358,43 +240,7 @@ fn batch_pool(pool: &PgPool, batching: Batching, failures: Arc<BatchFailures>) -
         ("enable_seqscan", "off"),
         ("enable_bitmapscan", "off"),
     ]);
-    let connections = u32::try_from(batching.pipeline_depth() * 4).unwrap_or(u32::MAX);
-    PgPoolOptions::new()
-        .max_connections(connections)
-        .min_connections(0)
-        // A batch past its timeout is abandoned; its connection may still be stuck.
-        .acquire_timeout(batching.batch_timeout())
-        // A ping on every checkout is a round trip per batch; a dead connection fails the
-        // batch's statement instead, which answers 503 like any outage.
-        .test_before_acquire(false)
-        .before_acquire(move |connection, meta| {
-            let suspect = failures.since_idle(meta.idle_for);
-            Box::pin(async move {
-                if suspect {
-                    sqlx::Connection::ping(connection).await?;
-                }
-                Ok(true)
-            })
-        })
-        .connect_lazy_with(options)
-}
-
-/// When a batch on the store's own connections last failed as a whole.
-#[derive(Debug, Default)]
-struct BatchFailures {
-    last: Mutex<Option<std::time::Instant>>,
-}
-
-impl BatchFailures {
-    fn note(&self) {
-        *lock(&self.last) = Some(std::time::Instant::now());
-    }
-
-    /// Whether a connection idle for `idle_for` was already idle when a batch last failed.
-    fn since_idle(&self, idle_for: Duration) -> bool {
-        let last = *lock(&self.last);
-        last.is_some_and(|failed| idle_for >= failed.elapsed())
-    }
+    BatchConnections::new(options, batching.pipeline_depth() * 4, batching)
 }
 
 /// The embedded migrations, written for `idempotency_records`.

@@ -18,13 +18,12 @@
 use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 
 use sqlx::{
-    pool::PoolConnection,
-    sqlite::{Sqlite, SqlitePool, SqliteRow},
+    sqlite::{SqlitePool, SqliteRow},
     Row, SqlStr,
 };
 use tokio::sync::Mutex;
 
-use super::{queries::Queries, Codec};
+use super::{checkpoint::Checkpointer, queries::Queries, BatchConnections, Codec};
 use crate::key::push_hex;
 use crate::store::sql::{
     batch::{duplicate_of, Runner},
@@ -66,7 +65,7 @@ pub(super) enum Written {
 /// mismatches ([`LIVE_MANY`](super::queries::LIVE_MANY)): one hop to SQLite's thread for all
 /// the claims that queued meanwhile, on any connection, beside the writers.
 pub(super) struct Reads {
-    pub(super) pool: SqlitePool,
+    pub(super) connections: Arc<BatchConnections>,
     pub(super) queries: Arc<Queries>,
 }
 
@@ -76,6 +75,10 @@ impl Runner for Reads {
     type Output = Option<ClaimOutcome>;
 
     const INLINE_WHEN_IDLE: bool = true;
+
+    fn failed(&self) {
+        self.connections.failed();
+    }
 
     async fn run(
         &self,
@@ -91,11 +94,12 @@ impl Runner for Reads {
             json.push('}');
         }
         json.push_str("]}");
-        let mut conn = connection(&self.pool).await?;
+        let mut conn = self.connections.acquire().await?;
         let rows = sqlx::query(self.queries.live_many.clone())
             .bind(json)
             .fetch_all(&mut *conn)
             .await?;
+        self.connections.park(conn);
         let mut outcomes: Vec<Result<Option<ClaimOutcome>, StoreError>> =
             claims.iter().map(|_| Ok(None)).collect();
         for row in &rows {
@@ -111,7 +115,10 @@ impl Runner for Reads {
 
 /// Runs batches of writes in one transaction each.
 pub(super) struct Writes {
+    /// The application's pool, for the release of an abandoned claim.
     pub(super) pool: SqlitePool,
+    pub(super) connections: Arc<BatchConnections>,
+    pub(super) checkpoints: Arc<Checkpointer>,
     /// The store's statements, for its table.
     pub(super) queries: Arc<Queries>,
     /// The batch's statement list for each set of kinds of write ([`batches`](super::queries::batches)).
@@ -164,6 +171,10 @@ impl Runner for Writes {
 
     /// A claim won for a request that is gone: release it now rather than leave the key to its
     /// lease.
+    fn failed(&self) {
+        self.connections.failed();
+    }
+
     fn abandoned(self: &Arc<Self>, write: Write, written: Written) {
         let (Write::Claim(claim), Written::Claim(ClaimOutcome::Claimed { .. })) = (write, written)
         else {
@@ -186,29 +197,26 @@ impl Writes {
     /// back (or its connection closed), so nothing of it stays.
     async fn run_round(&self, round: &Round) -> Result<Vec<SqliteRow>, StoreError> {
         let _writer = self.writers.lock().await;
-        let mut conn = connection(&self.pool).await?;
+        let mut conn = self.connections.acquire().await?;
         let rows = sqlx::query(self.batches[round.kinds].clone())
             .bind(&round.json)
             .fetch_all(&mut *conn)
             .await;
-        if rows.is_err() {
-            // The statement list stopped part way, inside its transaction.
-            if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
-                conn.close_on_drop();
+        match rows {
+            Ok(rows) => {
+                self.connections.park(conn);
+                self.checkpoints.committed();
+                Ok(rows)
+            }
+            Err(err) => {
+                // The statement list stopped part way, inside its transaction; a connection
+                // that cannot roll it back is closed, which does.
+                if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_ok() {
+                    self.connections.park(conn);
+                }
+                Err(err.into())
             }
         }
-        Ok(rows?)
-    }
-}
-
-/// A connection for a batch: an idle one as it is, else one checked out as the pool's options
-/// say. A checkout pings the connection, one more hop to SQLite's thread per batch (inside the
-/// writer queue, for a write); a SQLite connection lives in this process, and every idle one was
-/// pinged when it went back to the pool.
-async fn connection(pool: &SqlitePool) -> Result<PoolConnection<Sqlite>, sqlx::Error> {
-    match pool.try_acquire() {
-        Some(conn) => Ok(conn),
-        None => pool.acquire().await,
     }
 }
 

@@ -64,6 +64,18 @@
 //! hop fewer (the list's check fails it before the `COMMIT` when the token no longer holds the
 //! record, and the transaction rolls back).
 //!
+//! The batches run on connections of the store's own: a pool made with your pool's connect
+//! options (not its `after_connect` hook), at most one connection per read batch in flight and
+//! one for the writer, opened on demand. A connection that goes back to an sqlx pool is pinged,
+//! one more hop to its thread per batch; the store keeps a connection whose batch succeeded for
+//! the next one instead, as the PostgreSQL store does. An in-memory
+//! database must therefore be shared between connections, as `sqlite::memory:` is in sqlx.
+//! [`SqliteStore::close`] closes them. On these connections SQLite's automatic WAL checkpoint is
+//! off (`wal_autocheckpoint = 0`): it would run inside a batch's `COMMIT` and hold every write of
+//! the process for as long as the disk's `fsync` takes. The store runs a passive checkpoint
+//! itself after every 256 of its commits, mostly outside its writer queue, so the log stays bounded
+//! even when the store is the file's only writer; your own connections keep their setting.
+//!
 //! The batch uses `json_each`, `->>` and `unhex`: SQLite 3.41 or newer, which the SQLite that
 //! sqlx bundles is.
 //!
@@ -107,10 +119,12 @@ use super::prelude::*;
 use crate::store::error::bounded;
 
 mod batch;
+mod checkpoint;
 pub(in crate::store) mod error;
 mod queries;
 
 use batch::{Reads, Write, Writes, Written};
+use checkpoint::Checkpointer;
 use queries::Queries;
 
 /// The parameters and the claim row, as every SQL store binds and reads them.
@@ -118,6 +132,13 @@ type Codec = sql::Codec<Sqlite>;
 
 /// Batches of reads in SQLite at once: reads in WAL mode do not block each other.
 const READ_PIPELINE: usize = 4;
+
+/// The connections the batches run on: a pool of the store's own, made with the application
+/// pool's connect options (but for the automatic checkpoint, see [`checkpoint`]), one
+/// connection per read batch in flight, one for the writer and one for a checkpoint, so a
+/// batch never waits for the application's connections and its connection is not pinged on
+/// its way back (see [`connections`](crate::store::sql::connections)).
+type BatchConnections = sql::connections::BatchConnections<Sqlite>;
 
 /// How many times `migrate` runs when another process applied the same migration meanwhile.
 const MIGRATE_ATTEMPTS: usize = 3;
@@ -155,6 +176,10 @@ struct Inner {
     waiters: Arc<Waiters>,
     /// This process's writers, one at a time in arrival order (see the module docs).
     writers: Arc<Mutex<()>>,
+    /// The batches' own connections, closed by [`SqliteStore::close`].
+    connections: Arc<BatchConnections>,
+    /// Told of every commit of the store's writes, batches and transactions.
+    checkpoints: Arc<Checkpointer>,
 }
 
 impl SqliteStore {
@@ -169,12 +194,28 @@ impl SqliteStore {
         let waiters: Arc<Waiters> = Arc::default();
         let writers: Arc<Mutex<()>> = Arc::default();
         let batches = Arc::new(Counters::default());
+        let read_pipeline = batching.pipeline_depth().max(READ_PIPELINE);
+        let connections = Arc::new(BatchConnections::new(
+            {
+                let (pragma, value) = checkpoint::NO_AUTOMATIC_CHECKPOINT;
+                pool.connect_options()
+                    .as_ref()
+                    .clone()
+                    .pragma(pragma, value)
+            },
+            // The reads, the writer, and a checkpoint.
+            read_pipeline + 2,
+            batching,
+        ));
         let announce = {
             let waiters = waiters.clone();
             Arc::new(move |key: &KeyHash| waiters.wake(key))
         };
+        let checkpoints = Arc::new(Checkpointer::new(connections.clone(), writers.clone()));
         let runner = Writes {
             pool: pool.clone(),
+            connections: connections.clone(),
+            checkpoints: checkpoints.clone(),
             queries: queries.clone(),
             batches: queries::batches(&table),
             writers: writers.clone(),
@@ -185,11 +226,11 @@ impl SqliteStore {
                 writes: Batcher::new(runner, batching.pipeline(1), batches.clone()),
                 reads: Batcher::new(
                     Reads {
-                        pool: pool.clone(),
+                        connections: connections.clone(),
                         queries: queries.clone(),
                     },
-                    // Readers do not wait on each other: as many batches as connections.
-                    batching.pipeline(batching.pipeline_depth().max(READ_PIPELINE)),
+                    // Readers do not wait on each other: a batch per connection.
+                    batching.pipeline(read_pipeline),
                     Arc::default(),
                 ),
                 batches,
@@ -199,8 +240,27 @@ impl SqliteStore {
                 queries,
                 waiters,
                 writers,
+                connections,
+                checkpoints,
             }),
         }
+    }
+}
+
+impl SqliteStore {
+    /// Close the connections the store's batches run on, for a clean shutdown: they are the
+    /// store's own, beside the pool it was given, which stays yours to close. Operations after
+    /// this that need a batch fail as
+    /// [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind::Unavailable).
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::sqlite::SqliteStore) {
+    /// store.close().await;
+    /// store.pool().close().await;
+    /// # }
+    /// ```
+    pub async fn close(&self) {
+        self.inner.connections.close().await;
     }
 }
 
@@ -328,6 +388,10 @@ impl TransactionalStore for SqliteStore {
         })
         .await;
         if let Ok(true) = saved {
+            // Counted for the store's checkpoints, which keep the log short enough that this
+            // connection's own automatic checkpoint, in its COMMIT inside the writer queue,
+            // seldom comes due.
+            self.inner.checkpoints.committed();
             return Ok(sql::announce(
                 &self.inner.waiters,
                 &hold.key,
