@@ -71,6 +71,8 @@ trait Batched: Store + Clone {
     /// Whether a claim answered by a committed record is read outside the batch (SQLite reads
     /// replays, duplicates in flight and mismatches without the write lock).
     const READS_OUTSIDE_THE_BATCH: bool;
+    /// Whether the application's pool the store was given is closed.
+    fn pool_is_closed(&self) -> bool;
 }
 
 impl Batched for PostgresStore {
@@ -78,6 +80,9 @@ impl Batched for PostgresStore {
         self.batch_stats()
     }
     const READS_OUTSIDE_THE_BATCH: bool = false;
+    fn pool_is_closed(&self) -> bool {
+        self.pool().is_closed()
+    }
 }
 
 impl Batched for SqliteStore {
@@ -85,6 +90,9 @@ impl Batched for SqliteStore {
         self.batch_stats()
     }
     const READS_OUTSIDE_THE_BATCH: bool = true;
+    fn pool_is_closed(&self) -> bool {
+        self.pool().is_closed()
+    }
 }
 
 async fn postgres() -> PostgresStore {
@@ -627,15 +635,7 @@ async fn postgres_back_to_back_batches_reuse_their_connection_unpinged() {
     assert_eq!(store.claim(&warm).await.unwrap(), claimed(false));
 
     let before = proxy.traffic();
-    for n in 0..10 {
-        let claim = claim_of(random_key(), &format!("one after another {n}"), LONG, DAY);
-        assert_eq!(
-            bounded("a claim", store.claim(&claim)).await.unwrap(),
-            claimed(false)
-        );
-        let saved = bounded("a save", store.complete(&claim.hold(), &response())).await;
-        assert!(saved.unwrap().applied());
-    }
+    claims_and_saves_one_after_another(&store, 10).await;
     let used = proxy.traffic().since(before);
     assert!(
         used.round_trips <= 22,
@@ -649,11 +649,7 @@ async fn postgres_back_to_back_batches_reuse_their_connection_unpinged() {
 #[tokio::test]
 async fn postgres_close_closes_the_batch_connections_and_leaves_the_pool_open() {
     let store = postgres().await;
-    let first = claim_of(random_key(), "before", LONG, DAY);
-    assert_eq!(
-        store.claim(&first).await.expect("a claim before close"),
-        claimed(false)
-    );
+    a_claim_before_close(&store).await;
     let batch_connections = || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM pg_stat_activity
@@ -676,11 +672,37 @@ async fn postgres_close_closes_the_batch_connections_and_leaves_the_pool_open() 
         }
     })
     .await;
+    a_claim_after_close_is_refused_and_the_pool_stays_open(&store).await;
+}
+
+/// `n` fresh keys claimed and saved one after another, each claim and save a batch of its own.
+async fn claims_and_saves_one_after_another<S: Batched>(store: &S, n: usize) {
+    for n in 0..n {
+        let claim = claim_of(random_key(), &format!("one after another {n}"), LONG, DAY);
+        assert_eq!(
+            bounded("a claim", store.claim(&claim)).await.unwrap(),
+            claimed(false)
+        );
+        let saved = bounded("a save", store.complete(&claim.hold(), &response())).await;
+        assert!(saved.unwrap().applied());
+    }
+}
+
+async fn a_claim_before_close<S: Batched>(store: &S) {
+    let first = claim_of(random_key(), "before", LONG, DAY);
+    assert_eq!(
+        store.claim(&first).await.expect("a claim before close"),
+        claimed(false)
+    );
+}
+
+/// A claim after `close` is refused as unavailable (503), and the application's pool is open.
+async fn a_claim_after_close_is_refused_and_the_pool_stays_open<S: Batched>(store: &S) {
     let after = claim_of(random_key(), "after", LONG, DAY);
     let refused = store.claim(&after).await.expect_err("a claim after close");
     assert_eq!(refused.kind(), StoreErrorKind::Unavailable, "{refused}");
     assert!(
-        !store.pool().is_closed(),
+        !store.pool_is_closed(),
         "the application's pool is the application's"
     );
 }
@@ -730,19 +752,9 @@ async fn postgres_after_a_cut_one_batch_fails_and_the_next_ones_reconnect() {
 #[tokio::test]
 async fn sqlite_close_closes_the_batch_connections_and_leaves_the_pool_open() {
     let store = sqlite().await;
-    let first = claim_of(random_key(), "before", LONG, DAY);
-    assert_eq!(
-        store.claim(&first).await.expect("a claim before close"),
-        claimed(false)
-    );
+    a_claim_before_close(&store).await;
     bounded("close", store.close()).await;
-    let after = claim_of(random_key(), "after", LONG, DAY);
-    let refused = store.claim(&after).await.expect_err("a claim after close");
-    assert_eq!(refused.kind(), StoreErrorKind::Unavailable, "{refused}");
-    assert!(
-        !store.pool().is_closed(),
-        "the application's pool is the application's"
-    );
+    a_claim_after_close_is_refused_and_the_pool_stays_open(&store).await;
 }
 
 /// The batches' connections do not checkpoint the WAL in their `COMMIT` (it would hold the
@@ -756,15 +768,7 @@ async fn sqlite_the_wal_stays_bounded_when_the_store_is_its_only_writer() {
     let pool = tower_idempotency_tests::sqlite_pool(&path, 4, Duration::from_secs(10)).await;
     let store = SqliteStore::new(pool);
     store.migrate().await.expect("migrate");
-    for n in 0..3_000 {
-        let claim = claim_of(random_key(), &format!("one after another {n}"), LONG, DAY);
-        assert_eq!(
-            bounded("a claim", store.claim(&claim)).await.unwrap(),
-            claimed(false)
-        );
-        let saved = bounded("a save", store.complete(&claim.hold(), &response())).await;
-        assert!(saved.unwrap().applied());
-    }
+    claims_and_saves_one_after_another(&store, 3_000).await;
     let mut wal = path.into_os_string();
     wal.push("-wal");
     let size = std::fs::metadata(&wal).expect("the WAL file").len();

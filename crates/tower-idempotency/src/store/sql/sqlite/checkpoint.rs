@@ -83,14 +83,12 @@ impl Drop for Running {
 /// every page of it copied; with the store writing all along, the first checkpoint alone would
 /// never leave it so, and the log would grow without end.
 async fn checkpoint(connections: &BatchConnections, writers: &Mutex<()>) -> Result<(), StoreError> {
+    const PASSIVE: &str = "PRAGMA wal_checkpoint(PASSIVE)";
     let mut conn = connections.acquire().await?;
-    let passive = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)");
-    passive.fetch_all(&mut *conn).await?;
+    sqlx::query(PASSIVE).fetch_all(&mut *conn).await?;
     {
         let _writer = writers.lock().await;
-        sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-            .fetch_all(&mut *conn)
-            .await?;
+        sqlx::query(PASSIVE).fetch_all(&mut *conn).await?;
     }
     connections.park(conn);
     Ok(())

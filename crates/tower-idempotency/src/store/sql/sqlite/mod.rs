@@ -140,6 +140,22 @@ const READ_PIPELINE: usize = 4;
 /// its way back (see [`connections`](crate::store::sql::connections)).
 type BatchConnections = sql::connections::BatchConnections<Sqlite>;
 
+/// The batches' connections for `read_pipeline` read batches in flight, the writer, and a
+/// checkpoint.
+fn batch_connections(
+    pool: &SqlitePool,
+    batching: Batching,
+    read_pipeline: usize,
+) -> BatchConnections {
+    let (pragma, value) = checkpoint::NO_AUTOMATIC_CHECKPOINT;
+    let options = pool
+        .connect_options()
+        .as_ref()
+        .clone()
+        .pragma(pragma, value);
+    BatchConnections::new(options, read_pipeline + 2, batching)
+}
+
 /// How many times `migrate` runs when another process applied the same migration meanwhile.
 const MIGRATE_ATTEMPTS: usize = 3;
 
@@ -189,24 +205,28 @@ impl SqliteStore {
         Self::with_batching(pool, Batching::default())
     }
 
+    /// Close the connections the store's batches run on, for a clean shutdown: they are the
+    /// store's own, beside the pool it was given, which stays yours to close. Operations after
+    /// this that need a batch fail as
+    /// [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind::Unavailable).
+    ///
+    /// ```no_run
+    /// # async fn run(store: tower_idempotency::store::sqlite::SqliteStore) {
+    /// store.close().await;
+    /// store.pool().close().await;
+    /// # }
+    /// ```
+    pub async fn close(&self) {
+        self.inner.connections.close().await;
+    }
+
     fn build(pool: SqlitePool, batching: Batching, table: TableName) -> Self {
         let queries = Arc::new(Queries::new(&table));
         let waiters: Arc<Waiters> = Arc::default();
         let writers: Arc<Mutex<()>> = Arc::default();
         let batches = Arc::new(Counters::default());
         let read_pipeline = batching.pipeline_depth().max(READ_PIPELINE);
-        let connections = Arc::new(BatchConnections::new(
-            {
-                let (pragma, value) = checkpoint::NO_AUTOMATIC_CHECKPOINT;
-                pool.connect_options()
-                    .as_ref()
-                    .clone()
-                    .pragma(pragma, value)
-            },
-            // The reads, the writer, and a checkpoint.
-            read_pipeline + 2,
-            batching,
-        ));
+        let connections = Arc::new(batch_connections(&pool, batching, read_pipeline));
         let announce = {
             let waiters = waiters.clone();
             Arc::new(move |key: &KeyHash| waiters.wake(key))
@@ -244,23 +264,6 @@ impl SqliteStore {
                 checkpoints,
             }),
         }
-    }
-}
-
-impl SqliteStore {
-    /// Close the connections the store's batches run on, for a clean shutdown: they are the
-    /// store's own, beside the pool it was given, which stays yours to close. Operations after
-    /// this that need a batch fail as
-    /// [`StoreErrorKind::Unavailable`](crate::store::StoreErrorKind::Unavailable).
-    ///
-    /// ```no_run
-    /// # async fn run(store: tower_idempotency::store::sqlite::SqliteStore) {
-    /// store.close().await;
-    /// store.pool().close().await;
-    /// # }
-    /// ```
-    pub async fn close(&self) {
-        self.inner.connections.close().await;
     }
 }
 
