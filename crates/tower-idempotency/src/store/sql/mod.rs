@@ -62,20 +62,31 @@ macro_rules! statements {
     };
 }
 
-/// What every SQL store offers alike, written once: `with_table`, `table`, `pool`, `migrate`,
-/// `check_schema` and `Debug`; with `batching`, `with_batching` and `batch_stats` too; `reads`,
-/// inside `impl Store`, the operators' `get`, `forget` and `stats` as plain statements. The store
-/// keeps `pool`, `table` and `queries` in `inner` (with `batching` and `batches` when it batches),
-/// and has a `MIGRATIONS` const and `fn build(pool, kept.., table)`, which `with_table` calls
-/// with the pool and the `rebuild` fields of `inner` it keeps.
+/// What every SQL store offers alike, written once: `with_batching`, `batch_stats`,
+/// `with_table`, `table`, `pool`, `migrate`, `check_schema`, `Debug`, and the `MIGRATIONS` the
+/// store embeds, from the repository's `migrations/<module>/`; `reads`, inside `impl Store`, the
+/// operators' `get`, `forget` and `stats` as plain statements. The store keeps `pool`, `table`,
+/// `queries`, `batching` and `batches` in `inner`, has a `MIGRATE_ATTEMPTS` const, and has
+/// `fn build(pool, batching, table)`, which `with_table` calls with the pool and batching it keeps.
 macro_rules! sql_store {
     (
         $store:ident in $module:ident on $pool:ident ($url:literal),
-        rebuild: [$($kept:ident),*],
-        migrate: $safe:literal $(, batching: $shares:literal)?
+        migrations: [$($version:literal => $file:literal),+ $(,)?],
+        migrate: $safe:literal,
+        batching: $shares:literal $(,)?
     ) => {
+        /// The embedded migrations, written for `idempotency_records`.
+        const MIGRATIONS: $crate::store::sql::Migrations = $crate::store::sql::Migrations {
+            store: stringify!($store),
+            folder: stringify!($module),
+            files: &[$((
+                $version,
+                $file,
+                include_str!(concat!("../../../../migrations/", stringify!($module), "/", $file)),
+            )),+],
+        };
+
         impl $store {
-            $(
             #[doc = concat!("A store on `pool` whose ", $shares, " as `batching` says (see")]
             /// [Group commit](self#group-commit)).
             ///
@@ -97,7 +108,6 @@ macro_rules! sql_store {
             pub fn batch_stats(&self) -> $crate::store::sql::batch::BatchStats {
                 self.inner.batches.snapshot()
             }
-            )?
 
             /// The same store on `table` instead of `idempotency_records`: its statements,
             /// migrations and [`check_schema`](Self::check_schema) name it (see [`TableName`] for
@@ -115,7 +125,7 @@ macro_rules! sql_store {
             /// # }
             /// ```
             pub fn with_table(self, table: TableName) -> Self {
-                Self::build(self.inner.pool.clone(), $(self.inner.$kept,)* table)
+                Self::build(self.inner.pool.clone(), self.inner.batching, table)
             }
 
             /// The table the store keeps its records in.
@@ -192,22 +202,6 @@ macro_rules! sql_store {
     };
 }
 
-/// A store's embedded migrations, from the repository's `migrations/<folder>/`:
-/// `migrations!("Store", "folder", [1 => "0001_name.sql", ..])`.
-macro_rules! migrations {
-    ($store:literal, $folder:literal, [$($version:literal => $file:literal),* $(,)?]) => {
-        $crate::store::sql::Migrations {
-            store: $store,
-            folder: $folder,
-            files: &[$((
-                $version,
-                $file,
-                include_str!(concat!("../../../../migrations/", $folder, "/", $file)),
-            )),*],
-        }
-    };
-}
-
 /// The head of a claim's upsert in PostgreSQL and SQLite: `ON CONFLICT (key) DO UPDATE SET` and
 /// what a take-over resets (the new attempt's fingerprint, token and lease; no answer). Each
 /// backend appends the dates and the `WHERE` that decides which records may be taken, in its own
@@ -277,6 +271,30 @@ pub(super) fn announce(
         waiters.wake(key);
     }
     fenced
+}
+
+/// What a batch answered an entry of a queue that takes claims and token-checked writes
+/// together (PostgreSQL's claims and saves, SQLite's writes). A runner answers each entry in its
+/// own kind; one answered in the other kind is a bug in the runner, reported as a corrupt store
+/// rather than a panic in the request's task.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(super) trait ClaimOrWrite: Sized {
+    /// A claim's outcome, or a write's fencing result as the error.
+    fn into_result(self) -> Result<ClaimOutcome, crate::store::Fenced>;
+
+    /// The answer to a claim.
+    fn claimed(self) -> Result<ClaimOutcome, StoreError> {
+        self.into_result()
+            .map_err(|_| StoreError::corrupt("a claim was answered as a write"))
+    }
+
+    /// The answer to a token-checked write.
+    fn fenced(self) -> Result<crate::store::Fenced, StoreError> {
+        match self.into_result() {
+            Err(fenced) => Ok(fenced),
+            Ok(_) => Err(StoreError::corrupt("a write was answered as a claim")),
+        }
+    }
 }
 
 /// The table the stores' migrations are tracked in, apart from the application's own.

@@ -252,14 +252,10 @@ impl MySqlStore {
 
 sql_store!(
     MySqlStore in mysql on MySqlPool ("mysql://root@localhost/app"),
-    rebuild: [batching],
+    migrations: [1 => "0001_idempotency_records.sql"],
     migrate: "sqlx serialises them with a named lock (`GET_LOCK`)",
     batching: "concurrent claims share their reads"
 );
-
-/// The embedded migrations, written for `idempotency_records`.
-const MIGRATIONS: sql::Migrations =
-    migrations!("MySqlStore", "mysql", [1 => "0001_idempotency_records.sql"]);
 
 /// `migrate` runs once: sqlx's named lock keeps concurrent runs apart.
 const MIGRATE_ATTEMPTS: usize = 1;

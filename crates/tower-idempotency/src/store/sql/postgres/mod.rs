@@ -102,7 +102,7 @@ use tokio::{sync::watch, time::Instant};
 
 pub use sqlx;
 
-use super::prelude::*;
+use super::{prelude::*, ClaimOrWrite};
 use crate::store::error::StoreErrorKind;
 
 mod batch;
@@ -213,7 +213,7 @@ impl PostgresStore {
 
 sql_store!(
     PostgresStore in postgres on PgPool ("postgres://postgres@localhost/app"),
-    rebuild: [batching],
+    migrations: [1 => "0001_idempotency_records.sql", 2 => "0002_watched.sql"],
     migrate: "sqlx serialises them with an advisory lock",
     batching: "concurrent claims, saves, releases and renewals share statements"
 );
@@ -243,13 +243,6 @@ fn batch_connections(pool: &PgPool, batching: Batching) -> BatchConnections {
     BatchConnections::new(options, batching.pipeline_depth() * 4, batching)
 }
 
-/// The embedded migrations, written for `idempotency_records`.
-const MIGRATIONS: sql::Migrations = migrations!(
-    "PostgresStore",
-    "postgres",
-    [1 => "0001_idempotency_records.sql", 2 => "0002_watched.sql"]
-);
-
 /// `migrate` runs once: sqlx's advisory lock keeps concurrent runs apart.
 const MIGRATE_ATTEMPTS: usize = 1;
 
@@ -259,15 +252,8 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        match self
-            .inner
-            .claims_and_saves
-            .submit(Op::Claim(claim.clone()))
-            .await?
-        {
-            Answer::Claim(outcome) => Ok(outcome),
-            Answer::Fenced(_) => Err(StoreError::corrupt("a claim was answered as a save")),
-        }
+        let op = Op::Claim(claim.clone());
+        self.inner.claims_and_saves.submit(op).await?.claimed()
     }
 
     async fn renew(&self, hold: &Hold, lease: Duration) -> Result<Fenced, StoreError> {
@@ -286,10 +272,7 @@ impl Store for PostgresStore {
             headers: response.encode_headers(),
             body: response.body.clone(),
         };
-        match self.inner.claims_and_saves.submit(save).await? {
-            Answer::Fenced(fenced) => Ok(fenced),
-            Answer::Claim(_) => Err(StoreError::corrupt("a save was answered as a claim")),
-        }
+        self.inner.claims_and_saves.submit(save).await?.fenced()
     }
 
     async fn release(&self, hold: &Hold) -> Result<Fenced, StoreError> {
@@ -391,6 +374,15 @@ impl PostgresStore {
             }
         }
         Err(raced())
+    }
+}
+
+impl ClaimOrWrite for Answer {
+    fn into_result(self) -> Result<ClaimOutcome, Fenced> {
+        match self {
+            Answer::Claim(outcome) => Ok(outcome),
+            Answer::Fenced(fenced) => Err(fenced),
+        }
     }
 }
 

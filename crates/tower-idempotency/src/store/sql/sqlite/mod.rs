@@ -115,7 +115,7 @@ use tokio::{sync::Mutex, time::Instant};
 
 pub use sqlx;
 
-use super::prelude::*;
+use super::{prelude::*, ClaimOrWrite};
 use crate::store::error::bounded;
 
 mod batch;
@@ -269,14 +269,10 @@ impl SqliteStore {
 
 sql_store!(
     SqliteStore in sqlite on SqlitePool ("sqlite://app.db?mode=rwc"),
-    rebuild: [batching],
+    migrations: [1 => "0001_idempotency_records.sql"],
     migrate: "the schema is created with `IF NOT EXISTS`, and a run that loses the race to record a version runs again and finds it applied",
     batching: "concurrent writes share transactions"
 );
-
-/// The embedded migrations, written for `idempotency_records`.
-const MIGRATIONS: sql::Migrations =
-    migrations!("SqliteStore", "sqlite", [1 => "0001_idempotency_records.sql"]);
 
 impl Store for SqliteStore {
     fn name(&self) -> &'static str {
@@ -284,18 +280,12 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        let live = self.inner.reads.submit(claim.clone()).await?;
-        match live {
+        match self.inner.reads.submit(claim.clone()).await? {
             Some(outcome) => Ok(outcome),
-            None => match self
-                .inner
-                .writes
-                .submit(Write::Claim(claim.clone()))
-                .await?
-            {
-                Written::Claim(outcome) => Ok(outcome),
-                Written::Fenced(_) => Err(StoreError::corrupt("a claim was answered as a write")),
-            },
+            None => {
+                let write = Write::Claim(claim.clone());
+                self.inner.writes.submit(write).await?.claimed()
+            }
         }
     }
 
@@ -425,9 +415,15 @@ async fn roll_back_whatever_state(
 impl Inner {
     /// Run a token-checked write in the next batch.
     async fn fenced(&self, write: Write) -> Result<Fenced, StoreError> {
-        match self.writes.submit(write).await? {
-            Written::Fenced(fenced) => Ok(fenced),
-            Written::Claim(_) => Err(StoreError::corrupt("a write was answered as a claim")),
+        self.writes.submit(write).await?.fenced()
+    }
+}
+
+impl ClaimOrWrite for Written {
+    fn into_result(self) -> Result<ClaimOutcome, Fenced> {
+        match self {
+            Written::Claim(outcome) => Ok(outcome),
+            Written::Fenced(fenced) => Err(fenced),
         }
     }
 }
