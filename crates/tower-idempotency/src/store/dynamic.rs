@@ -200,13 +200,17 @@ mod tests {
             .unwrap()
             .scoped_hash(&crate::key::Scope::new("s"));
         let fingerprint = Fingerprint::of(&[b"POST", b"/orders"]);
-        let claim = Claim::new(
-            key,
-            fingerprint,
-            FencingToken::new(),
-            Duration::from_secs(30),
-            Duration::from_secs(60),
-        );
+        // Each attempt at the same request claims with a token of its own.
+        let attempt = || {
+            Claim::new(
+                key,
+                fingerprint,
+                FencingToken::new(),
+                Duration::from_secs(30),
+                Duration::from_secs(60),
+            )
+        };
+        let claim = attempt();
         assert_eq!(store.claim(&claim).await.unwrap(), ClaimOutcome::claimed());
         assert!(store
             .renew(&claim.hold(), Duration::from_secs(30))
@@ -219,13 +223,7 @@ mod tests {
             .await
             .unwrap()
             .applied());
-        let retry = Claim::new(
-            key,
-            fingerprint,
-            FencingToken::new(),
-            Duration::from_secs(30),
-            Duration::from_secs(60),
-        );
+        let retry = attempt();
         assert_eq!(
             store.claim(&retry).await.unwrap(),
             ClaimOutcome::Done(saved)

@@ -113,26 +113,19 @@ async fn require_scope_refuses_anonymous_callers_before_reading_the_body() {
         .as_str()
         .unwrap()
         .contains("Authorization"));
-    let empty_auth = Request::post("/orders")
-        .header("idempotency-key", "k")
-        .header("authorization", "")
-        .body(Full::new(Bytes::from("a")))
-        .unwrap();
-    assert_eq!(
-        service.clone().oneshot(empty_auth).await.unwrap().status(),
-        StatusCode::BAD_REQUEST
-    );
+    let status_as = |authorization: &'static str| {
+        let request = Request::post("/orders")
+            .header("idempotency-key", "k")
+            .header("authorization", authorization)
+            .body(Full::new(Bytes::from("a")))
+            .unwrap();
+        let service = service.clone();
+        async move { service.oneshot(request).await.unwrap().status() }
+    };
+    assert_eq!(status_as("").await, StatusCode::BAD_REQUEST);
     assert_eq!(count.load(Ordering::SeqCst), 0);
 
-    let alice = Request::post("/orders")
-        .header("idempotency-key", "k")
-        .header("authorization", "Bearer alice")
-        .body(Full::new(Bytes::from("a")))
-        .unwrap();
-    assert_eq!(
-        service.clone().oneshot(alice).await.unwrap().status(),
-        StatusCode::CREATED
-    );
+    assert_eq!(status_as("Bearer alice").await, StatusCode::CREATED);
     assert_eq!(count.load(Ordering::SeqCst), 1);
 
     // Without the setting, anonymous callers are served (and share one key space).
