@@ -104,17 +104,11 @@ async fn an_answer_over_the_saved_limit_is_streamed_and_a_retry_gets_its_status_
 #[tokio::test]
 async fn a_body_announced_over_the_limit_is_not_read_before_it_is_sent() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let handler = {
-        let runs = runs.clone();
-        tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            async move {
-                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
-                    vec![b'y'; 64 * 1024],
-                ))))
-            }
-        })
-    };
+    let handler = tower::service_fn(|_req: Request<RequestBody<Full<Bytes>>>| async {
+        let large = Bytes::from(vec![b'y'; 64 * 1024]);
+        Ok::<_, std::convert::Infallible>(Response::new(Full::new(large)))
+    })
+    .map_request(counting(&runs));
     let service = Idempotency::memory()
         .with_saved_body_limit(1024)
         .layer(handler);

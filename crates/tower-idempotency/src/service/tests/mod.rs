@@ -49,6 +49,16 @@ fn counting_service(
     })
 }
 
+/// For a handler's `map_request`: counts the requests that reach the handler in `runs` (the
+/// layer's own answers and replays never do).
+fn counting<R>(runs: &Arc<AtomicUsize>) -> impl Fn(R) -> R + Clone {
+    let runs = runs.clone();
+    move |request| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        request
+    }
+}
+
 fn post(key: &str, body: &'static str) -> Request<Full<Bytes>> {
     Request::post("/orders")
         .header("idempotency-key", key)
@@ -102,24 +112,18 @@ async fn try_again_statuses_release_the_key() {
 #[tokio::test]
 async fn a_not_processed_answer_releases_the_key() {
     let count = Arc::new(AtomicUsize::new(0));
-    let handler = {
-        let count = count.clone();
-        tower::service_fn(move |req: Request<RequestBody<Full<Bytes>>>| {
-            let count = count.clone();
-            async move {
-                count.fetch_add(1, Ordering::SeqCst);
-                let body = req.into_body().collect().await.unwrap().to_bytes();
-                let mut response = Response::new(Full::new(body.clone()));
-                if body == "bad" {
-                    *response.status_mut() = StatusCode::BAD_REQUEST;
-                    response.extensions_mut().insert(NotProcessed);
-                } else {
-                    *response.status_mut() = StatusCode::CREATED;
-                }
-                Ok::<_, std::convert::Infallible>(response)
-            }
-        })
-    };
+    let handler = tower::service_fn(|req: Request<RequestBody<Full<Bytes>>>| async move {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let mut response = Response::new(Full::new(body.clone()));
+        if body == "bad" {
+            *response.status_mut() = StatusCode::BAD_REQUEST;
+            response.extensions_mut().insert(NotProcessed);
+        } else {
+            *response.status_mut() = StatusCode::CREATED;
+        }
+        Ok::<_, std::convert::Infallible>(response)
+    })
+    .map_request(counting(&count));
     let service = IdempotencyService::new(handler, MemoryStore::new());
     let refused = service.clone().oneshot(post("k", "bad")).await.unwrap();
     assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
