@@ -137,20 +137,7 @@ impl Rejection {
 
     /// A short, fixed summary (the problem's `title`).
     pub fn title(&self) -> &'static str {
-        match self {
-            Rejection::MissingKey { .. } => "Idempotency key missing",
-            Rejection::InvalidKey { .. } => "Idempotency key invalid",
-            Rejection::MissingScope => "Caller not identified",
-            Rejection::UnreadableBody => "Request body unreadable",
-            Rejection::BodyTooLarge { .. } => "Request body too large",
-            Rejection::BodyTimeout { .. } => "Request body too slow",
-            Rejection::InFlight { .. } => "Request in progress",
-            Rejection::LeaseLost { .. } => "Request superseded",
-            Rejection::KeyReused => "Idempotency key reused",
-            Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
-            Rejection::StoreFull { .. } => "Idempotency store full",
-            Rejection::StoreFailed => "Idempotency store error",
-        }
+        self.name_and_title().1
     }
 
     /// What went wrong and what to do (the problem's `detail`).
@@ -202,19 +189,26 @@ impl Rejection {
     /// The variant's name (`"KeyReused"`, `"InFlight"`..): a stable code for an error envelope
     /// of your own, and the last part of the problem `type` URI.
     pub fn name(&self) -> &'static str {
+        self.name_and_title().0
+    }
+
+    /// The variant's fixed strings, one row per variant: its name and its title.
+    fn name_and_title(&self) -> (&'static str, &'static str) {
         match self {
-            Rejection::MissingKey { .. } => "MissingKey",
-            Rejection::InvalidKey { .. } => "InvalidKey",
-            Rejection::MissingScope => "MissingScope",
-            Rejection::UnreadableBody => "UnreadableBody",
-            Rejection::BodyTooLarge { .. } => "BodyTooLarge",
-            Rejection::BodyTimeout { .. } => "BodyTimeout",
-            Rejection::InFlight { .. } => "InFlight",
-            Rejection::LeaseLost { .. } => "LeaseLost",
-            Rejection::KeyReused => "KeyReused",
-            Rejection::StoreUnavailable { .. } => "StoreUnavailable",
-            Rejection::StoreFull { .. } => "StoreFull",
-            Rejection::StoreFailed => "StoreFailed",
+            Rejection::MissingKey { .. } => ("MissingKey", "Idempotency key missing"),
+            Rejection::InvalidKey { .. } => ("InvalidKey", "Idempotency key invalid"),
+            Rejection::MissingScope => ("MissingScope", "Caller not identified"),
+            Rejection::UnreadableBody => ("UnreadableBody", "Request body unreadable"),
+            Rejection::BodyTooLarge { .. } => ("BodyTooLarge", "Request body too large"),
+            Rejection::BodyTimeout { .. } => ("BodyTimeout", "Request body too slow"),
+            Rejection::InFlight { .. } => ("InFlight", "Request in progress"),
+            Rejection::LeaseLost { .. } => ("LeaseLost", "Request superseded"),
+            Rejection::KeyReused => ("KeyReused", "Idempotency key reused"),
+            Rejection::StoreUnavailable { .. } => {
+                ("StoreUnavailable", "Idempotency store unavailable")
+            }
+            Rejection::StoreFull { .. } => ("StoreFull", "Idempotency store full"),
+            Rejection::StoreFailed => ("StoreFailed", "Idempotency store error"),
         }
     }
 
