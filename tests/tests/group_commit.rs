@@ -14,20 +14,24 @@ use axum::{body::Body, extract::State, routing::post, Router};
 use fault_proxy::{CutPoint, FaultProxy};
 use futures_util::future::join_all;
 use http::{Request, StatusCode};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{
+    postgres::{PgConnectOptions, PgPoolOptions},
+    Sqlite,
+};
 use tower::ServiceExt;
 use tower_idempotency::{
     store::{
         postgres::PostgresStore, sqlite::SqliteStore, BatchStats, Batching, ClaimOutcome, Hold,
         Store, StoreErrorKind,
     },
-    Idempotency, IdempotencyKey, REPLAYED_HEADER,
+    Idempotency, IdempotencyKey, IdempotencyTransaction, REPLAYED_HEADER,
 };
 use tower_idempotency_tests::{
     contract::{
         bounded, claim_of, claimed, random_key, response, retry_of, retry_with_lease, DAY, LONG,
     },
-    fresh_postgres_database, fresh_postgres_pool, fresh_sqlite_pool,
+    fresh_postgres_database, fresh_postgres_pool, fresh_sqlite_path, fresh_sqlite_pool,
+    sqlite_pool,
 };
 
 /// A fresh, migrated PostgreSQL database behind a fault proxy: the proxy, a pool that reaches
@@ -358,6 +362,31 @@ async fn a_thousand_requests_over_a_hundred_keys<S: Batched>(stores: Vec<S>) {
         .map(|store| app(store.clone(), executions.clone()))
         .collect();
     let before: Vec<BatchStats> = stores.iter().map(Batched::batch_stats).collect();
+    assert_eq!(
+        a_thousand_requests(apps).await,
+        100,
+        "one first answer per key"
+    );
+    let executions = executions.0.lock().unwrap();
+    assert_eq!(executions.len(), 100, "every key ran");
+    assert!(
+        executions.values().all(|&n| n == 1),
+        "a key ran twice: {executions:?}"
+    );
+    let shared: Vec<BatchStats> = stores
+        .iter()
+        .zip(before)
+        .map(|(store, before)| Batched::batch_stats(store) - before)
+        .collect();
+    assert!(
+        shared.iter().any(|stats| stats.mean_batch() > 1.0),
+        "no operations shared a batch: {shared:?}"
+    );
+}
+
+/// 1,000 concurrent requests over 100 keys, spread over `apps`: each answer is 201 with its
+/// key's body, or 409. Returns how many 201s were first answers (not replays).
+async fn a_thousand_requests(apps: Vec<Router>) -> usize {
     let start = Arc::new(tokio::sync::Barrier::new(1000));
     let tasks: Vec<_> = (0..1000)
         .map(|i| {
@@ -395,22 +424,84 @@ async fn a_thousand_requests_over_a_hundred_keys<S: Batched>(stores: Vec<S>) {
             other => panic!("{key}: unexpected {other}: {body:?}"),
         }
     }
-    let executions = executions.0.lock().unwrap();
-    assert_eq!(executions.len(), 100, "every key ran");
-    assert!(
-        executions.values().all(|&n| n == 1),
-        "a key ran twice: {executions:?}"
-    );
-    assert_eq!(first_answers, 100, "one first answer per key");
-    let shared: Vec<BatchStats> = stores
+    first_answers
+}
+
+/// The handler of transactional mode: the order is written in the layer's transaction.
+async fn create_in_transaction(
+    tx: IdempotencyTransaction<Sqlite>,
+    key: IdempotencyKey,
+) -> Result<(StatusCode, String), (StatusCode, String)> {
+    let failed = |err: sqlx::Error| (StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
+    let mut tx = tx.begin().await.map_err(failed)?;
+    sqlx::query("INSERT INTO orders (key) VALUES (?1)")
+        .bind(key.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
+    Ok((StatusCode::CREATED, format!("order for {}", key.as_str())))
+}
+
+/// 1,000 concurrent requests over 100 keys in transactional mode, spread over `stores`
+/// (instances on one SQLite file): one order per key, and transactions that found the next
+/// one waiting handed it the write lock.
+async fn sqlite_transactions_over_a_hundred_keys(stores: Vec<SqliteStore>) {
+    let pool = stores[0].pool().clone();
+    sqlx::query("CREATE TABLE orders (key TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let apps = stores
         .iter()
-        .zip(before)
-        .map(|(store, before)| Batched::batch_stats(store) - before)
+        .map(|store| {
+            Router::new()
+                .route("/orders", post(create_in_transaction))
+                .route_layer(Idempotency::new(store.clone()).transactional())
+        })
         .collect();
-    assert!(
-        shared.iter().any(|stats| stats.mean_batch() > 1.0),
-        "no operations shared a batch: {shared:?}"
+    assert_eq!(
+        a_thousand_requests(apps).await,
+        100,
+        "one first answer per key"
     );
+    let orders: Vec<(String, i64)> =
+        sqlx::query_as("SELECT key, count(*) FROM orders GROUP BY key")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(orders.len(), 100, "every key ran");
+    assert!(
+        orders.iter().all(|(_, n)| *n == 1),
+        "a key ran twice: {orders:?}"
+    );
+    let handed_over: u64 = stores
+        .iter()
+        .map(SqliteStore::transactions_handed_over)
+        .sum();
+    assert!(handed_over > 0, "no transaction was handed the write lock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_transactions_hand_the_write_lock_on_and_run_each_key_once() {
+    bounded(
+        "1,000 transactional requests",
+        sqlite_transactions_over_a_hundred_keys(vec![sqlite().await]),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_two_instances_share_one_file_in_transactional_mode() {
+    let path = fresh_sqlite_path("two_instances");
+    let first = SqliteStore::new(sqlite_pool(&path, 8, Duration::from_secs(10)).await);
+    first.migrate().await.expect("migrate");
+    // A second instance: its own pool, its own writer queue, the same file.
+    let second = SqliteStore::new(sqlite_pool(&path, 8, Duration::from_secs(10)).await);
+    bounded(
+        "1,000 transactional requests on two instances",
+        sqlite_transactions_over_a_hundred_keys(vec![first, second]),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

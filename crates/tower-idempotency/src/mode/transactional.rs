@@ -53,7 +53,11 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use super::{Mode, Save, SaveFailure, Sealed};
 use crate::{
     error::Rejection,
-    store::{bounded, Fenced, StoreError, TransactionalStore},
+    store::{
+        bounded,
+        writers::{TransactionTurn, WriterQueue},
+        Fenced, StoreError, TransactionalStore,
+    },
 };
 
 /// The mode of a layer built with [`Idempotency::transactional`](crate::Idempotency::transactional).
@@ -64,8 +68,8 @@ impl Sealed for Transactional {}
 
 enum TxState<DB: sqlx::Database> {
     NotBegun(Begin<DB>),
-    /// The open transaction, and the store's writer queue while it is held.
-    Open(sqlx::Transaction<'static, DB>, Option<OwnedMutexGuard<()>>),
+    /// The open transaction, and its turn in the store's writer queue.
+    Open(sqlx::Transaction<'static, DB>, Option<TransactionTurn<DB>>),
     Finished,
 }
 
@@ -73,7 +77,7 @@ enum TxState<DB: sqlx::Database> {
 struct Begin<DB: sqlx::Database> {
     pool: sqlx::Pool<DB>,
     statement: Option<&'static str>,
-    writers: Option<Arc<Mutex<()>>>,
+    writers: Option<WriterQueue<DB>>,
 }
 
 /// The handler's side of the idempotency transaction (an axum extractor with the `axum` feature).
@@ -162,13 +166,20 @@ impl<DB: sqlx::Database> IdempotencyTransaction<DB> {
     pub async fn begin(&self) -> Result<TransactionGuard<DB>, sqlx::Error> {
         let mut state = self.state.clone().lock_owned().await;
         if let TxState::NotBegun(begin) = &*state {
-            // Queue behind this process's other writers first, holding no connection meanwhile.
-            let writer = match &begin.writers {
-                Some(writers) => Some(writers.clone().lock_owned().await),
-                None => None,
+            // Queue behind this process's other writers first, holding no connection meanwhile;
+            // the transaction before may have begun this one.
+            let (turn, begun) = match &begin.writers {
+                Some(writers) => {
+                    let (turn, begun) = writers.transaction_turn().await;
+                    (Some(turn), begun)
+                }
+                None => (None, None),
             };
-            let tx = begin_transaction(&begin.pool, begin.statement).await?;
-            *state = TxState::Open(tx, writer);
+            let tx = match begun {
+                Some(tx) => tx,
+                None => begin_transaction(&begin.pool, begin.statement).await?,
+            };
+            *state = TxState::Open(tx, turn);
         }
         match &*state {
             TxState::Open(..) => Ok(TransactionGuard(state)),
@@ -180,7 +191,7 @@ impl<DB: sqlx::Database> IdempotencyTransaction<DB> {
 
     /// Take the transaction out (with the writer queue it holds, to be dropped after the
     /// commit or rollback), leaving `Finished`: nothing can use it after the layer does.
-    async fn take(&self) -> Option<(sqlx::Transaction<'static, DB>, Option<OwnedMutexGuard<()>>)> {
+    async fn take(&self) -> Option<(sqlx::Transaction<'static, DB>, Option<TransactionTurn<DB>>)> {
         let mut state = self.state.lock().await;
         match std::mem::replace(&mut *state, TxState::Finished) {
             TxState::Open(tx, writer) => Some((tx, writer)),
@@ -211,8 +222,8 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
         save: Save<'_, St>,
     ) -> Option<Result<Fenced, StoreError>> {
         // `None`: the handler never began the transaction, so there is no work to commit with.
-        let (tx, _writer) = run.take().await?;
-        Some(save_and_commit(tx, save).await)
+        let (tx, turn) = run.take().await?;
+        Some(save_and_commit(tx, turn, save).await)
     }
 
     async fn abandon(run: Self::RunState, limit: Duration) {
@@ -271,6 +282,7 @@ pub(crate) async fn begin_transaction<DB: sqlx::Database>(
 /// record taken over in the meantime rolls the work back instead.
 async fn save_and_commit<St: TransactionalStore>(
     tx: sqlx::Transaction<'static, St::Database>,
+    turn: Option<TransactionTurn<St::Database>>,
     save: Save<'_, St>,
 ) -> Result<Fenced, StoreError> {
     let Save {
@@ -279,7 +291,9 @@ async fn save_and_commit<St: TransactionalStore>(
         response,
         limit,
     } = save;
-    store.complete_and_commit(tx, hold, response, limit).await
+    store
+        .complete_and_commit(tx, turn, hold, response, limit)
+        .await
 }
 
 #[cfg(feature = "axum")]

@@ -49,6 +49,10 @@ pub mod redis;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod sql;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+// Only SQLite has one writer at a time; the other stores' transactions leave the queue out.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+pub(crate) mod writers;
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use sql::batch::{BatchStats, Batching, DEFAULT_BATCH_TIMEOUT};
 #[cfg(feature = "mysql")]
 pub use sql::mysql;
@@ -207,7 +211,7 @@ pub trait TransactionalStore: Store {
     /// The in-process queue of this store's writers, if it has one: the handler's transaction
     /// holds it from its begin to its commit or rollback.
     #[doc(hidden)]
-    fn writer_queue(&self) -> Option<std::sync::Arc<tokio::sync::Mutex<()>>> {
+    fn writer_queue(&self) -> Option<writers::WriterQueue<Self::Database>> {
         None
     }
 
@@ -227,16 +231,23 @@ pub trait TransactionalStore: Store {
     /// The default runs [`complete_in`](Self::complete_in), then `COMMIT` or `ROLLBACK`: two
     /// round trips. SQLite sends the save and the commit as one statement list, whose check
     /// fails on purpose when the token no longer matches, so the `COMMIT` after it never runs
-    /// for a holder that lost its lease.
+    /// for a holder that lost its lease; when another transaction waits in the store's
+    /// [`writer_queue`](Self::writer_queue) (`turn`, held until the transaction ends), the
+    /// same list begins the next transaction for it.
     #[doc(hidden)]
     fn complete_and_commit(
         &self,
         tx: sqlx::Transaction<'static, Self::Database>,
+        turn: Option<writers::TransactionTurn<Self::Database>>,
         hold: &Hold,
         response: &StoredResponse,
         limit: Duration,
     ) -> impl Future<Output = Result<Fenced, StoreError>> + Send {
-        complete_then_commit(self, tx, hold, response, limit)
+        async move {
+            let ended = complete_then_commit(self, tx, hold, response, limit).await;
+            drop(turn);
+            ended
+        }
     }
 }
 

@@ -17,12 +17,6 @@
 
 use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 
-use sqlx::{
-    sqlite::{SqlitePool, SqliteRow},
-    Row, SqlStr,
-};
-use tokio::sync::Mutex;
-
 use super::{checkpoint::Checkpointer, queries::Queries, BatchConnections, Codec};
 use crate::key::push_hex;
 use crate::store::sql::{
@@ -30,7 +24,11 @@ use crate::store::sql::{
     millis,
     prelude::*,
 };
-use crate::store::{error::StoreErrorKind, record::FencingToken};
+use crate::store::{error::StoreErrorKind, record::FencingToken, writers::WriterQueue};
+use sqlx::{
+    sqlite::{Sqlite, SqlitePool, SqliteRow},
+    Row, SqlStr,
+};
 
 /// How many rounds a batch runs at most beyond one per entry (a claim that finds its answer
 /// neither read nor written is retried; it cannot happen inside one transaction, but a bound
@@ -123,7 +121,7 @@ pub(super) struct Writes {
     pub(super) queries: Arc<Queries>,
     /// The batch's statement list for each set of kinds of write ([`batches`](super::queries::batches)).
     pub(super) batches: Vec<SqlStr>,
-    pub(super) writers: Arc<Mutex<()>>,
+    pub(super) writers: WriterQueue<Sqlite>,
     /// Called with the key of every applied save or release once it is committed.
     pub(super) announce: Arc<dyn Fn(&KeyHash) + Send + Sync>,
 }
@@ -182,7 +180,7 @@ impl Runner for Writes {
         };
         let writes = self.clone();
         sql::release_abandoned(async move {
-            let _writer = writes.writers.lock().await;
+            let _turn = writes.writers.turn().await;
             let held = Codec::held(&claim.hold())?;
             sqlx::query_with(writes.queries.release.clone(), held)
                 .execute(&writes.pool)
@@ -196,7 +194,7 @@ impl Writes {
     /// One round in one transaction, on one connection, in one hop; a round that fails is rolled
     /// back (or its connection closed), so nothing of it stays.
     async fn run_round(&self, round: &Round) -> Result<Vec<SqliteRow>, StoreError> {
-        let _writer = self.writers.lock().await;
+        let _turn = self.writers.turn().await;
         let mut conn = self.connections.acquire().await?;
         let rows = sqlx::query(self.batches[round.kinds].clone())
             .bind(&round.json)

@@ -17,10 +17,10 @@ use std::sync::{
     Arc,
 };
 
-use tokio::sync::Mutex;
+use sqlx::sqlite::Sqlite;
 
 use super::BatchConnections;
-use crate::store::error::StoreError;
+use crate::store::{error::StoreError, writers::WriterQueue};
 
 /// Commits of the store (batches, and transactions it saved in) between two checkpoints: each
 /// writes a few pages, so a checkpoint comes around the 1,000 pages of SQLite's automatic one,
@@ -33,13 +33,13 @@ pub(super) const NO_AUTOMATIC_CHECKPOINT: (&str, &str) = ("wal_autocheckpoint", 
 /// Starts the store's checkpoints, one at a time.
 pub(super) struct Checkpointer {
     connections: Arc<BatchConnections>,
-    writers: Arc<Mutex<()>>,
+    writers: WriterQueue<Sqlite>,
     committed: AtomicUsize,
     running: Arc<AtomicBool>,
 }
 
 impl Checkpointer {
-    pub(super) fn new(connections: Arc<BatchConnections>, writers: Arc<Mutex<()>>) -> Self {
+    pub(super) fn new(connections: Arc<BatchConnections>, writers: WriterQueue<Sqlite>) -> Self {
         Self {
             connections,
             writers,
@@ -82,12 +82,15 @@ impl Drop for Running {
 /// wrote meanwhile. SQLite starts the log again from its beginning only at a write that finds
 /// every page of it copied; with the store writing all along, the first checkpoint alone would
 /// never leave it so, and the log would grow without end.
-async fn checkpoint(connections: &BatchConnections, writers: &Mutex<()>) -> Result<(), StoreError> {
+async fn checkpoint(
+    connections: &BatchConnections,
+    writers: &WriterQueue<Sqlite>,
+) -> Result<(), StoreError> {
     const PASSIVE: &str = "PRAGMA wal_checkpoint(PASSIVE)";
     let mut conn = connections.acquire().await?;
     sqlx::query(PASSIVE).fetch_all(&mut *conn).await?;
     {
-        let _writer = writers.lock().await;
+        let _turn = writers.turn().await;
         sqlx::query(PASSIVE).fetch_all(&mut *conn).await?;
     }
     connections.park(conn);

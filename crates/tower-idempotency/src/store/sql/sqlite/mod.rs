@@ -111,12 +111,15 @@ use std::{sync::Arc, time::Duration};
 
 use futures_util::TryStreamExt;
 use sqlx::sqlite::{Sqlite, SqlitePool};
-use tokio::{sync::Mutex, time::Instant};
+use tokio::time::Instant;
 
 pub use sqlx;
 
 use super::{prelude::*, ClaimOrWrite};
-use crate::store::error::bounded;
+use crate::store::{
+    error::bounded,
+    writers::{TransactionTurn, WriterQueue},
+};
 
 mod batch;
 mod checkpoint;
@@ -191,7 +194,7 @@ struct Inner {
     batches: Arc<Counters>,
     waiters: Arc<Waiters>,
     /// This process's writers, one at a time in arrival order (see the module docs).
-    writers: Arc<Mutex<()>>,
+    writers: WriterQueue<Sqlite>,
     /// The batches' own connections, closed by [`SqliteStore::close`].
     connections: Arc<BatchConnections>,
     /// Told of every commit of the store's writes, batches and transactions.
@@ -220,10 +223,17 @@ impl SqliteStore {
         self.inner.connections.close().await;
     }
 
+    /// How many transactions of [transactional mode](crate::transaction) began on the write
+    /// lock the transaction before them handed on (see [Writers](self#writers)), since the store
+    /// was built.
+    pub fn transactions_handed_over(&self) -> u64 {
+        self.inner.writers.handed_over()
+    }
+
     fn build(pool: SqlitePool, batching: Batching, table: TableName) -> Self {
         let queries = Arc::new(Queries::new(&table));
         let waiters: Arc<Waiters> = Arc::default();
-        let writers: Arc<Mutex<()>> = Arc::default();
+        let writers = WriterQueue::default();
         let batches = Arc::new(Counters::default());
         let read_pipeline = batching.pipeline_depth().max(READ_PIPELINE);
         let connections = Arc::new(batch_connections(&pool, batching, read_pipeline));
@@ -304,7 +314,7 @@ impl Store for SqliteStore {
     }
 
     async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
-        let _writer = self.inner.writers.lock().await;
+        let _turn = self.inner.writers.turn().await;
         Codec::sweep(&self.inner.pool, self.inner.queries.sweep.clone(), batch).await
     }
 
@@ -329,7 +339,7 @@ impl TransactionalStore for SqliteStore {
         &self.inner.pool
     }
 
-    fn writer_queue(&self) -> Option<Arc<Mutex<()>>> {
+    fn writer_queue(&self) -> Option<WriterQueue<Sqlite>> {
         Some(self.inner.writers.clone())
     }
 
@@ -350,51 +360,98 @@ impl TransactionalStore for SqliteStore {
     /// to the connection's thread while the transaction holds the write lock and the writer
     /// queue, instead of two. After the save, a `SELECT` overflows `abs` unless it changed one
     /// record, so for a token that no longer holds the record the `COMMIT` never runs and the
-    /// transaction is rolled back. The list ends with a `BEGIN`, so the transaction sqlx still
-    /// holds open is an empty deferred one (no lock), rolled back when it is dropped, without a
-    /// wait.
+    /// transaction is rolled back. The list ends with a `BEGIN`: when another handler's
+    /// transaction waits in the writer queue, `BEGIN IMMEDIATE`, and the transaction is left in
+    /// the queue for it (see [Writers](self#writers)); otherwise a deferred one, so the
+    /// transaction sqlx still holds open is an empty one (no lock), rolled back when it is
+    /// dropped, without a wait.
     async fn complete_and_commit(
         &self,
         mut tx: sqlx::Transaction<'static, Sqlite>,
+        turn: Option<TransactionTurn<Sqlite>>,
         hold: &Hold,
         response: &StoredResponse,
         limit: Duration,
     ) -> Result<Fenced, StoreError> {
-        let list = sqlx::query_with(
-            self.inner.queries.complete_and_commit.clone(),
-            Codec::complete(hold, response)?,
-        );
-        let saved = bounded("the save and commit in the transaction", limit, async {
-            let mut rows = list.fetch(&mut *tx);
-            // The save's row when it saved; otherwise the check fails the list.
-            match rows.try_next().await {
-                Ok(Some(_)) => {}
-                Ok(None) => return Err(sqlx::Error::RowNotFound.into()),
-                Err(sqlx::Error::Database(err)) if err.message() == queries::FENCED_OUT => {
-                    return Ok(false)
-                }
-                Err(err) => return Err(err.into()),
-            }
-            // The check's row, then the COMMIT and the BEGIN.
-            while rows.try_next().await?.is_some() {}
-            Ok(true)
+        let hand_over = turn.as_ref().is_some_and(TransactionTurn::next_waits);
+        let queries = &self.inner.queries;
+        let list = match hand_over {
+            true => queries.complete_and_hand_over.clone(),
+            false => queries.complete_and_commit.clone(),
+        };
+        let list = sqlx::query_with(list, Codec::complete(hold, response)?);
+        let ended = bounded("the save and commit in the transaction", limit, async {
+            save_and_commit(list.fetch(&mut *tx), hand_over).await
         })
         .await;
-        if let Ok(true) = saved {
-            // Counted for the store's checkpoints, which keep the log short enough that this
-            // connection's own automatic checkpoint, in its COMMIT inside the writer queue,
-            // seldom comes due.
-            self.inner.checkpoints.committed();
-            return Ok(sql::announce(
-                &self.inner.waiters,
-                &hold.key,
-                Fenced::Applied,
-            ));
+        let next_begun = match ended {
+            Ok(Ended::Committed { next_begun }) => next_begun,
+            // Fenced out, failed, or stopped part way by the timeout: the list may have ended
+            // the transaction or not.
+            fenced_out_or_failed => {
+                bounded("the rollback", limit, roll_back_whatever_state(tx)).await?;
+                return fenced_out_or_failed.map(|_| Fenced::Lost);
+            }
+        };
+        // Counted for the store's checkpoints, which keep the log short enough that this
+        // connection's own automatic checkpoint, in its COMMIT inside the writer queue, seldom
+        // comes due.
+        self.inner.checkpoints.committed();
+        match (turn, next_begun) {
+            (Some(turn), true) => turn.hand_over(tx),
+            // Another process took the lock between the COMMIT and the BEGIN IMMEDIATE.
+            (_, false) if hand_over => {
+                if let Err(err) = bounded("the rollback", limit, roll_back_whatever_state(tx)).await
+                {
+                    tracing::debug!(target: "tower_idempotency", error = %err, "ending the transaction after its hand-over failed");
+                }
+            }
+            _ => {}
         }
-        // Fenced out, failed, or stopped part way by the timeout: the list may have ended the
-        // transaction or not.
-        bounded("the rollback", limit, roll_back_whatever_state(tx)).await?;
-        saved.map(|_| Fenced::Lost)
+        Ok(sql::announce(
+            &self.inner.waiters,
+            &hold.key,
+            Fenced::Applied,
+        ))
+    }
+}
+
+/// How [`COMPLETE_AND_COMMIT`](queries::COMPLETE_AND_COMMIT) or
+/// [`COMPLETE_AND_HAND_OVER`](queries::COMPLETE_AND_HAND_OVER) ended, short of an error.
+enum Ended {
+    /// The token no longer holds the record: nothing was committed.
+    FencedOut,
+    /// The save is committed; `next_begun`: the list began the next transaction too.
+    Committed { next_begun: bool },
+}
+
+/// Read the rows of a save-and-commit list: the save's row (none when the token no longer
+/// holds the record: then the check fails the list), the check's, and for a hand-over the row
+/// that tells the `COMMIT` ran, after which a failed `BEGIN IMMEDIATE` leaves the save standing.
+async fn save_and_commit(
+    mut rows: impl futures_util::Stream<Item = Result<sqlx::sqlite::SqliteRow, sqlx::Error>> + Unpin,
+    hand_over: bool,
+) -> Result<Ended, StoreError> {
+    match rows.try_next().await {
+        Ok(Some(_)) => {}
+        Ok(None) => return Err(sqlx::Error::RowNotFound.into()),
+        Err(sqlx::Error::Database(err)) if err.message() == queries::FENCED_OUT => {
+            return Ok(Ended::FencedOut)
+        }
+        Err(err) => return Err(err.into()),
+    }
+    let mut seen = 1;
+    loop {
+        match rows.try_next().await {
+            Ok(Some(_)) => seen += 1,
+            Ok(None) => {
+                return Ok(Ended::Committed {
+                    next_begun: hand_over,
+                })
+            }
+            Err(_) if hand_over && seen == 3 => return Ok(Ended::Committed { next_begun: false }),
+            Err(err) => return Err(err.into()),
+        }
     }
 }
 
@@ -440,6 +497,9 @@ async fn complete_on<'e>(
         .await?;
     Ok(Fenced::from_rows(done.rows_affected()))
 }
+
+#[cfg(test)]
+mod hand_over_tests;
 
 #[cfg(test)]
 mod tests {

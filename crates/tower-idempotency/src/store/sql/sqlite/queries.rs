@@ -136,6 +136,22 @@ COMMIT;
 BEGIN;
 "#;
 
+/// [`COMPLETE_AND_COMMIT`] for a transaction that hands the write lock on to the next one in
+/// the writer queue (see `store::writers`): after the `COMMIT`, a row that tells the save is
+/// committed, then `BEGIN IMMEDIATE`, which takes the write lock again for the next transaction.
+/// Should another process take the file's lock between the two, the `BEGIN` fails after the
+/// committed row, and the save stands.
+pub(super) const COMPLETE_AND_HAND_OVER: &str = r#"
+UPDATE idempotency_records
+SET state = 'done', status = ?3, headers = ?4, body = ?5
+WHERE key = ?1 AND token = ?2 AND state = 'running'
+RETURNING 1;
+SELECT abs(CASE WHEN changes() = 1 THEN 0 ELSE -9223372036854775807 - 1 END);
+COMMIT;
+SELECT 1;
+BEGIN IMMEDIATE;
+"#;
+
 /// The message of [`COMPLETE_AND_COMMIT`]'s check when the save changed nothing.
 pub(super) const FENCED_OUT: &str = "integer overflow";
 
@@ -195,6 +211,7 @@ statements! {
         live_many: LIVE_MANY,
         complete: COMPLETE,
         complete_and_commit: COMPLETE_AND_COMMIT,
+        complete_and_hand_over: COMPLETE_AND_HAND_OVER,
         release: RELEASE,
     }
 }
