@@ -62,7 +62,11 @@
 //! transaction keeps its turn in the writer queue; its save and its `COMMIT` go to the
 //! connection's thread as one prepared statement list, so the transaction holds the queue for one
 //! hop fewer (the list's check fails it before the `COMMIT` when the token no longer holds the
-//! record, and the transaction rolls back).
+//! record, and the transaction rolls back). When another handler's transaction waits in the queue,
+//! that list ends with its `BEGIN IMMEDIATE`: the write lock passes from one transaction to the
+//! next inside one hop, and the waiting request finds its transaction begun (up to 16 in a row,
+//! then the queue lets the store's own writes in). A transaction handed on to a request that left
+//! meanwhile is rolled back by the queue. [`SqliteStore::transactions_handed_over`] counts them.
 //!
 //! The batches run on connections of the store's own: a pool made with your pool's connect
 //! options (not its `after_connect` hook), at most one connection per read batch in flight and

@@ -115,42 +115,46 @@ pub(super) fn batches(table: &crate::store::sql::TableName) -> Vec<sqlx::SqlStr>
         .collect()
 }
 
-/// Save the response on the running record held with the token (its expiry unchanged).
-pub(super) const COMPLETE: &str = r#"
+/// The text of [`COMPLETE`], then, for the two statement lists that commit the handler's
+/// transaction with it, the check that it saved one record and the `COMMIT`. `abs` of the smallest
+/// integer is SQLite's documented integer-overflow error: the check fails the list before the
+/// `COMMIT` unless the save changed one record.
+macro_rules! complete {
+    () => {
+        r#"
 UPDATE idempotency_records
 SET state = 'done', status = ?3, headers = ?4, body = ?5
 WHERE key = ?1 AND token = ?2 AND state = 'running'
-"#;
+"#
+    };
+    (checked and committed) => {
+        concat!(
+            complete!(),
+            r#"RETURNING 1;
+SELECT abs(CASE WHEN changes() = 1 THEN 0 ELSE -9223372036854775807 - 1 END);
+COMMIT;
+"#
+        )
+    };
+}
+
+/// Save the response on the running record held with the token (its expiry unchanged).
+pub(super) const COMPLETE: &str = complete!();
 
 /// [`COMPLETE`], then the check that it saved one record, the `COMMIT`, and a `BEGIN`, as one
 /// statement list (see `SqliteStore::complete_and_commit`); binds as [`COMPLETE`] does, all in
-/// its first statement. `abs` of the smallest integer is SQLite's documented integer-overflow
-/// error: the check fails the list before the `COMMIT` unless the save changed one record.
-pub(super) const COMPLETE_AND_COMMIT: &str = r#"
-UPDATE idempotency_records
-SET state = 'done', status = ?3, headers = ?4, body = ?5
-WHERE key = ?1 AND token = ?2 AND state = 'running'
-RETURNING 1;
-SELECT abs(CASE WHEN changes() = 1 THEN 0 ELSE -9223372036854775807 - 1 END);
-COMMIT;
-BEGIN;
-"#;
+/// its first statement.
+pub(super) const COMPLETE_AND_COMMIT: &str = concat!(complete!(checked and committed), "BEGIN;\n");
 
 /// [`COMPLETE_AND_COMMIT`] for a transaction that hands the write lock on to the next one in
 /// the writer queue (see `store::writers`): after the `COMMIT`, a row that tells the save is
 /// committed, then `BEGIN IMMEDIATE`, which takes the write lock again for the next transaction.
 /// Should another process take the file's lock between the two, the `BEGIN` fails after the
 /// committed row, and the save stands.
-pub(super) const COMPLETE_AND_HAND_OVER: &str = r#"
-UPDATE idempotency_records
-SET state = 'done', status = ?3, headers = ?4, body = ?5
-WHERE key = ?1 AND token = ?2 AND state = 'running'
-RETURNING 1;
-SELECT abs(CASE WHEN changes() = 1 THEN 0 ELSE -9223372036854775807 - 1 END);
-COMMIT;
-SELECT 1;
-BEGIN IMMEDIATE;
-"#;
+pub(super) const COMPLETE_AND_HAND_OVER: &str = concat!(
+    complete!(checked and committed),
+    "SELECT 1;\nBEGIN IMMEDIATE;\n"
+);
 
 /// The message of [`COMPLETE_AND_COMMIT`]'s check when the save changed nothing.
 pub(super) const FENCED_OUT: &str = "integer overflow";
