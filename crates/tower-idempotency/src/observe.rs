@@ -83,37 +83,59 @@ impl Route {
     }
 }
 
-/// The counter of final outcomes.
+/// The names of this crate's metrics, and what [`describe_metrics`] registers for each.
 #[cfg(feature = "metrics")]
-pub(crate) const REQUESTS_TOTAL: &str = "idempotency_requests_total";
-/// The histogram of store operation latency.
+mod metric {
+    use metrics::Unit;
+
+    /// The counter of final outcomes.
+    pub(crate) const REQUESTS_TOTAL: &str = "idempotency_requests_total";
+    /// The histogram of store operation latency.
+    pub(crate) const STORE_DURATION: &str = "idempotency_store_duration_seconds";
+    /// The counter of lease renewals.
+    pub(crate) const LEASE_RENEWALS_TOTAL: &str = "idempotency_lease_renewals_total";
+    /// The counter of takeovers: running records whose holder stopped renewing (died, or lost the
+    /// store for a whole lease), claimed again by a retry.
+    pub(crate) const TAKEOVERS_TOTAL: &str = "idempotency_takeovers_total";
+    /// The counter of expired records the sweeper deleted.
+    pub(crate) const SWEPT_TOTAL: &str = "idempotency_swept_records_total";
+    /// The counter of sweeper rounds, by result (`ok`, `error`).
+    pub(crate) const SWEEP_ROUNDS_TOTAL: &str = "idempotency_sweep_rounds_total";
+    /// The gauge of batches the last sweeper round needed: 1 when it keeps up, more while it works
+    /// through a backlog.
+    pub(crate) const SWEEP_ROUND_BATCHES: &str = "idempotency_sweep_round_batches";
+    /// The gauge of stored records by `state` (`running`, `done`, `expired`), read by a
+    /// [`Sweeper::spawn_with_stats`](crate::Sweeper::spawn_with_stats) round.
+    pub(crate) const RECORDS: &str = "idempotency_records";
+    /// The gauge of the age of the oldest running record (0 when none runs): a handler that hangs
+    /// while its heartbeat keeps the lease shows here, and nowhere else.
+    pub(crate) const OLDEST_RUNNING: &str = "idempotency_oldest_running_seconds";
+
+    /// How a metric is recorded.
+    pub(super) enum Kind {
+        Counter,
+        Histogram,
+        Gauge,
+    }
+
+    /// Each metric: its name, kind, unit and help text, one row a metric.
+    pub(super) const DESCRIPTIONS: [(&str, Kind, Unit, &str); 9] = [
+        (REQUESTS_TOTAL, Kind::Counter, Unit::Count, "Requests guarded by the idempotency layer, by final outcome and matched route (sums to the guarded requests)."),
+        (STORE_DURATION, Kind::Histogram, Unit::Seconds, "Latency of idempotency store operations, by operation and store."),
+        (LEASE_RENEWALS_TOTAL, Kind::Counter, Unit::Count, "Lease renewals by the heartbeat of running attempts."),
+        (TAKEOVERS_TOTAL, Kind::Counter, Unit::Count, "Running records whose holder stopped renewing its lease, claimed again by a retry, by matched route."),
+        (SWEPT_TOTAL, Kind::Counter, Unit::Count, "Expired idempotency records deleted by the sweeper, by store."),
+        (SWEEP_ROUNDS_TOTAL, Kind::Counter, Unit::Count, "Sweeper rounds, by store and result (ok, error)."),
+        (SWEEP_ROUND_BATCHES, Kind::Gauge, Unit::Count, "Batches the last sweeper round needed: 1 when it keeps up, more while a backlog clears."),
+        (RECORDS, Kind::Gauge, Unit::Count, "Stored idempotency records by store and state (running, done, expired not yet swept), as of the last Sweeper::spawn_with_stats round."),
+        (OLDEST_RUNNING, Kind::Gauge, Unit::Seconds, "Age of the oldest running idempotency record by store (0 when none runs), as of the last Sweeper::spawn_with_stats round."),
+    ];
+}
 #[cfg(feature = "metrics")]
-pub(crate) const STORE_DURATION: &str = "idempotency_store_duration_seconds";
-/// The counter of lease renewals.
-#[cfg(feature = "metrics")]
-pub(crate) const LEASE_RENEWALS_TOTAL: &str = "idempotency_lease_renewals_total";
-/// The counter of takeovers: running records whose holder stopped renewing (died, or lost the
-/// store for a whole lease), claimed again by a retry.
-#[cfg(feature = "metrics")]
-pub(crate) const TAKEOVERS_TOTAL: &str = "idempotency_takeovers_total";
-/// The counter of expired records the sweeper deleted.
-#[cfg(feature = "metrics")]
-pub(crate) const SWEPT_TOTAL: &str = "idempotency_swept_records_total";
-/// The counter of sweeper rounds, by result (`ok`, `error`).
-#[cfg(feature = "metrics")]
-pub(crate) const SWEEP_ROUNDS_TOTAL: &str = "idempotency_sweep_rounds_total";
-/// The gauge of batches the last sweeper round needed: 1 when it keeps up, more while it works
-/// through a backlog.
-#[cfg(feature = "metrics")]
-pub(crate) const SWEEP_ROUND_BATCHES: &str = "idempotency_sweep_round_batches";
-/// The gauge of stored records by `state` (`running`, `done`, `expired`), read by a
-/// [`Sweeper::spawn_with_stats`](crate::Sweeper::spawn_with_stats) round.
-#[cfg(feature = "metrics")]
-pub(crate) const RECORDS: &str = "idempotency_records";
-/// The gauge of the age of the oldest running record (0 when none runs): a handler that hangs
-/// while its heartbeat keeps the lease shows here, and nowhere else.
-#[cfg(feature = "metrics")]
-pub(crate) const OLDEST_RUNNING: &str = "idempotency_oldest_running_seconds";
+use metric::{
+    LEASE_RENEWALS_TOTAL, OLDEST_RUNNING, RECORDS, REQUESTS_TOTAL, STORE_DURATION,
+    SWEEP_ROUNDS_TOTAL, SWEEP_ROUND_BATCHES, SWEPT_TOTAL, TAKEOVERS_TOTAL,
+};
 
 /// What happened to one request (or one step of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,52 +349,14 @@ impl<F: Future> Future for Timed<F> {
 /// ```
 #[cfg(feature = "metrics")]
 pub fn describe_metrics() {
-    use metrics::{describe_counter, describe_histogram, Unit};
-    describe_counter!(
-        REQUESTS_TOTAL,
-        Unit::Count,
-        "Requests guarded by the idempotency layer, by final outcome and matched route (sums to the guarded requests)."
-    );
-    describe_histogram!(
-        STORE_DURATION,
-        Unit::Seconds,
-        "Latency of idempotency store operations, by operation and store."
-    );
-    describe_counter!(
-        LEASE_RENEWALS_TOTAL,
-        Unit::Count,
-        "Lease renewals by the heartbeat of running attempts."
-    );
-    describe_counter!(
-        TAKEOVERS_TOTAL,
-        Unit::Count,
-        "Running records whose holder stopped renewing its lease, claimed again by a retry, by matched route."
-    );
-    describe_counter!(
-        SWEPT_TOTAL,
-        Unit::Count,
-        "Expired idempotency records deleted by the sweeper, by store."
-    );
-    describe_counter!(
-        SWEEP_ROUNDS_TOTAL,
-        Unit::Count,
-        "Sweeper rounds, by store and result (ok, error)."
-    );
-    metrics::describe_gauge!(
-        SWEEP_ROUND_BATCHES,
-        Unit::Count,
-        "Batches the last sweeper round needed: 1 when it keeps up, more while a backlog clears."
-    );
-    metrics::describe_gauge!(
-        RECORDS,
-        Unit::Count,
-        "Stored idempotency records by store and state (running, done, expired not yet swept), as of the last Sweeper::spawn_with_stats round."
-    );
-    metrics::describe_gauge!(
-        OLDEST_RUNNING,
-        Unit::Seconds,
-        "Age of the oldest running idempotency record by store (0 when none runs), as of the last Sweeper::spawn_with_stats round."
-    );
+    use metric::Kind;
+    for (name, kind, unit, help) in metric::DESCRIPTIONS {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, unit, help),
+            Kind::Histogram => metrics::describe_histogram!(name, unit, help),
+            Kind::Gauge => metrics::describe_gauge!(name, unit, help),
+        }
+    }
 }
 
 /// An error and its sources, `a: b: c`, for log lines (a store error's own text says only what
@@ -560,5 +544,60 @@ mod tests {
             Chain(&err).to_string(),
             "idempotency store unavailable: connection refused"
         );
+    }
+
+    /// Every metric the crate records is described once, as the kind it is recorded as.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn describe_metrics_describes_each_metric_as_its_kind() {
+        use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
+        use std::sync::Mutex;
+
+        #[derive(Default)]
+        struct Descriptions(Mutex<Vec<(&'static str, String, Option<Unit>)>>);
+        impl Descriptions {
+            fn push(&self, kind: &'static str, key: KeyName, unit: Option<Unit>) {
+                let entry = (kind, key.as_str().to_owned(), unit);
+                self.0.lock().unwrap().push(entry);
+            }
+        }
+        impl metrics::Recorder for Descriptions {
+            fn describe_counter(&self, key: KeyName, unit: Option<Unit>, _: SharedString) {
+                self.push("counter", key, unit);
+            }
+            fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, _: SharedString) {
+                self.push("gauge", key, unit);
+            }
+            fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, _: SharedString) {
+                self.push("histogram", key, unit);
+            }
+            fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+                Counter::noop()
+            }
+            fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+                Gauge::noop()
+            }
+            fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+                Histogram::noop()
+            }
+        }
+
+        let recorder = Descriptions::default();
+        metrics::with_local_recorder(&recorder, describe_metrics);
+        let mut described = recorder.0.into_inner().unwrap();
+        described.sort_by(|a, b| a.1.cmp(&b.1));
+        let expected = [
+            ("counter", LEASE_RENEWALS_TOTAL, Unit::Count),
+            ("gauge", OLDEST_RUNNING, Unit::Seconds),
+            ("gauge", RECORDS, Unit::Count),
+            ("counter", REQUESTS_TOTAL, Unit::Count),
+            ("histogram", STORE_DURATION, Unit::Seconds),
+            ("gauge", SWEEP_ROUND_BATCHES, Unit::Count),
+            ("counter", SWEEP_ROUNDS_TOTAL, Unit::Count),
+            ("counter", SWEPT_TOTAL, Unit::Count),
+            ("counter", TAKEOVERS_TOTAL, Unit::Count),
+        ]
+        .map(|(kind, name, unit)| (kind, name.to_owned(), Some(unit)));
+        assert_eq!(described, expected);
     }
 }
