@@ -17,6 +17,11 @@
 
 use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 
+use sqlx::{
+    sqlite::{Sqlite, SqlitePool, SqliteRow},
+    Row, SqlStr,
+};
+
 use super::{checkpoint::Checkpointer, queries::Queries, BatchConnections, Codec};
 use crate::key::push_hex;
 use crate::store::sql::{
@@ -25,10 +30,6 @@ use crate::store::sql::{
     prelude::*,
 };
 use crate::store::{error::StoreErrorKind, record::FencingToken, writers::WriterQueue};
-use sqlx::{
-    sqlite::{Sqlite, SqlitePool, SqliteRow},
-    Row, SqlStr,
-};
 
 /// How many rounds a batch runs at most beyond one per entry (a claim that finds its answer
 /// neither read nor written is retried; it cannot happen inside one transaction, but a bound

@@ -429,6 +429,10 @@ enum Ended {
     Committed { next_begun: bool },
 }
 
+/// The rows of [`COMPLETE_AND_HAND_OVER`](queries::COMPLETE_AND_HAND_OVER) up to the one after its
+/// `COMMIT`: the save's, the check's and that marker.
+const ROWS_UNTIL_COMMITTED: usize = 3;
+
 /// Read the rows of a save-and-commit list: the save's row (none when the token no longer
 /// holds the record: then the check fails the list), the check's, and for a hand-over the row
 /// that tells the `COMMIT` ran, after which a failed `BEGIN IMMEDIATE` leaves the save standing.
@@ -453,7 +457,9 @@ async fn save_and_commit(
                     next_begun: hand_over,
                 })
             }
-            Err(_) if hand_over && seen == 3 => return Ok(Ended::Committed { next_begun: false }),
+            Err(_) if hand_over && seen == ROWS_UNTIL_COMMITTED => {
+                return Ok(Ended::Committed { next_begun: false })
+            }
             Err(err) => return Err(err.into()),
         }
     }
