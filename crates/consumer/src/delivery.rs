@@ -1,8 +1,8 @@
 //! What the broker integrations report about one delivery, and how they settle it.
 
-use std::future::Future;
+use std::{fmt, future::Future};
 
-use crate::{Error, Outcome};
+use crate::{Consumer, Error, Outcome, Work};
 
 /// How a delivery was settled with the broker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,41 +54,72 @@ pub(crate) fn settles<T, E>(result: &Result<Outcome<T>, Error<E>>) -> bool {
     }
 }
 
-/// One broker's message, as the broker integrations settle it.
-pub(crate) trait Message: Sync {
+/// One broker's message: its event id, its payload, what the broker says of its delivery, and
+/// how it is settled. Implemented for RabbitMQ's `Delivery` (feature `rabbitmq`) and
+/// JetStream's `Message` (feature `nats`).
+pub trait BrokerMessage: Sync + sealed::Sealed {
     /// What is logged when the message carries no event id.
+    #[doc(hidden)]
     const MISSING_ID: &'static str;
 
+    /// The event id the broker's message carries, if any.
+    fn event_id(&self) -> Option<&str>;
+
+    /// The payload, kept with a failed event for replaying it.
+    fn payload(&self) -> &[u8];
+
+    /// Whether the broker says it delivered this message before.
+    fn redelivered(&self) -> bool;
+
+    /// How many times the broker has delivered it, where the broker tells.
+    fn deliveries(&self) -> Option<u64>;
+
     /// Ack, requeue or refuse the message for good, as `settlement` says.
+    #[doc(hidden)]
     fn settle(
         &self,
         settlement: Settlement,
     ) -> impl Future<Output = Result<(), SettleError>> + Send;
 }
 
-/// What a broker says of one delivery of a message.
-pub(crate) struct Received<'a, M> {
-    pub(crate) message: &'a M,
-    pub(crate) redelivered: bool,
-    pub(crate) deliveries: Option<u64>,
+pub(crate) mod sealed {
+    /// Only the broker integrations of this crate are messages.
+    pub trait Sealed {}
 }
 
-/// Run the event `event_id` of `consumer` (named `consumer`) with `run`, then settle the
-/// message: acked once the outcome is settled, requeued otherwise, refused without an event id.
-/// The broker integrations' one flow.
-pub(crate) async fn process<'a, T, E, M, Run>(
-    consumer: &str,
-    received: Received<'_, M>,
-    event_id: Option<&'a str>,
-    run: impl FnOnce(&'a str) -> Run,
+/// [`process_message_as`] with the event id the message carries (RabbitMQ's `message_id`
+/// property, JetStream's `Nats-Msg-Id` header).
+pub async fn process_message<C: Consumer, T: Send, E: fmt::Display + Send>(
+    consumer: &C,
+    message: &impl BrokerMessage,
+    work: impl Work<C::Context, T, E>,
+) -> Result<Handled<T, E>, SettleError> {
+    process_message_as(consumer, message, message.event_id(), work).await
+}
+
+/// Run `work` for the event `event_id` (carried by `message`) through `consumer`, then settle
+/// the message: acked once the outcome is settled (processed now or before, or parked),
+/// requeued otherwise, refused for good without an event id (`None` or empty, with
+/// [`Error::MissingEventId`]). The payload is kept with a failed event, for
+/// [replaying](crate::sql::SqlConsumer::replay) it.
+pub async fn process_message_as<C, T, E, M, F>(
+    consumer: &C,
+    message: &M,
+    event_id: Option<&str>,
+    work: F,
 ) -> Result<Handled<T, E>, SettleError>
 where
-    M: Message,
-    Run: Future<Output = Result<Outcome<T>, Error<E>>>,
+    C: Consumer,
+    T: Send,
+    E: fmt::Display + Send,
+    M: BrokerMessage,
+    F: Work<C::Context, T, E>,
 {
-    let (event_id, result, settlement) = match event_id {
+    let (event_id, result, settlement) = match event_id.filter(|id| !id.is_empty()) {
         Some(event_id) => {
-            let result = run(event_id).await;
+            let result = consumer
+                .process_once_with_payload(event_id, Some(message.payload()), work)
+                .await;
             let settlement = if settles(&result) {
                 Settlement::Acked
             } else {
@@ -97,6 +128,7 @@ where
             (event_id.to_owned(), result, settlement)
         }
         None => {
+            let consumer = consumer.name();
             tracing::warn!(target: "tower_idempotency_consumer", consumer, "{}", M::MISSING_ID);
             (
                 String::new(),
@@ -105,11 +137,11 @@ where
             )
         }
     };
-    received.message.settle(settlement).await?;
+    message.settle(settlement).await?;
     Ok(Handled {
         event_id,
-        redelivered: received.redelivered,
-        deliveries: received.deliveries,
+        redelivered: message.redelivered(),
+        deliveries: message.deliveries(),
         result,
         settlement,
     })

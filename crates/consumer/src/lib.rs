@@ -112,6 +112,17 @@ pub type PgConsumer = sql::SqlConsumer<sqlx::Postgres>;
 #[cfg(feature = "sqlite")]
 pub type SqliteConsumer = sql::SqlConsumer<sqlx::Sqlite>;
 
+/// The work run for one event: a closure that borrows the consumer's context `C` (a transaction's
+/// connection, or nothing) for as long as the future it returns runs.
+///
+/// Implemented for every such closure; write `|tx| Box::pin(async move { .. })`.
+pub trait Work<C, T, E>: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<T, E>> + Send {}
+
+impl<C, T, E, F> Work<C, T, E> for F where
+    F: for<'c> FnOnce(&'c mut C) -> BoxFuture<'c, Result<T, E>> + Send
+{
+}
+
 /// Runs work at most once per event id: what every backend offers.
 ///
 /// Code that handles deliveries (a broker loop, a webhook handler) can take any `Consumer`.
@@ -144,7 +155,7 @@ pub trait Consumer: fmt::Debug + Send + Sync {
     where
         T: Send,
         E: fmt::Display + Send,
-        F: for<'c> FnOnce(&'c mut Self::Context) -> BoxFuture<'c, Result<T, E>> + Send;
+        F: Work<Self::Context, T, E>;
 
     /// [`process_once_with_payload`](Self::process_once_with_payload) without a payload.
     fn process_once<T, E, F>(
@@ -155,7 +166,7 @@ pub trait Consumer: fmt::Debug + Send + Sync {
     where
         T: Send,
         E: fmt::Display + Send,
-        F: for<'c> FnOnce(&'c mut Self::Context) -> BoxFuture<'c, Result<T, E>> + Send,
+        F: Work<Self::Context, T, E>,
     {
         self.process_once_with_payload(event_id, None, work)
     }

@@ -4,7 +4,7 @@
 //! Pull from a durable consumer with explicit acks (`AckPolicy::Explicit`, the default) and
 //! hand each message to [`process_message`] (event id from the `Nats-Msg-Id` header) or
 //! [`process_message_as`] (an id you read from the message). It runs the work through any
-//! [`Consumer`], then settles the message:
+//! [`Consumer`](crate::Consumer), then settles the message:
 //!
 //! | result | settled with |
 //! |---|---|
@@ -67,67 +67,35 @@ use std::fmt;
 
 pub use async_nats;
 use async_nats::{header::NATS_MESSAGE_ID, jetstream::message::AckKind, jetstream::Message};
-use futures_util::future::BoxFuture;
 
-pub use crate::delivery::{Handled, SettleError, Settlement};
-use crate::{
-    delivery::{self, Received},
-    Consumer,
+use crate::delivery::sealed::Sealed;
+pub use crate::delivery::{
+    process_message, process_message_as, BrokerMessage, Handled, SettleError, Settlement,
 };
 
-/// [`process_message_as`] with the event id from the message's `Nats-Msg-Id` header.
-pub async fn process_message<C, T, E, F>(
-    consumer: &C,
-    message: &Message,
-    work: F,
-) -> Result<Handled<T, E>, SettleError>
-where
-    C: Consumer,
-    T: Send,
-    E: fmt::Display + Send,
-    F: for<'c> FnOnce(&'c mut C::Context) -> BoxFuture<'c, Result<T, E>> + Send,
-{
-    let event_id = message
-        .headers
-        .as_ref()
-        .and_then(|headers| headers.get(NATS_MESSAGE_ID))
-        .map(|id| id.as_str().to_owned());
-    process_message_as(consumer, message, event_id.as_deref(), work).await
-}
+impl Sealed for Message {}
 
-/// Run `work` for the event `event_id` (carried by `message`) through `consumer`, then ack, nak
-/// or terminate the message (see the [module docs](self)). `None` or an empty id terminates it
-/// with [`Error::MissingEventId`](crate::Error::MissingEventId). The payload is kept with a failed event, for
-/// [replaying](crate::sql::SqlConsumer::replay) it.
-pub async fn process_message_as<C, T, E, F>(
-    consumer: &C,
-    message: &Message,
-    event_id: Option<&str>,
-    work: F,
-) -> Result<Handled<T, E>, SettleError>
-where
-    C: Consumer,
-    T: Send,
-    E: fmt::Display + Send,
-    F: for<'c> FnOnce(&'c mut C::Context) -> BoxFuture<'c, Result<T, E>> + Send,
-{
-    let deliveries = message
-        .info()
-        .ok()
-        .map(|info| info.delivered.max(0).unsigned_abs());
-    let received = Received {
-        message,
-        redelivered: deliveries.is_some_and(|count| count > 1),
-        deliveries,
-    };
-    let event_id = event_id.filter(|id| !id.is_empty());
-    let run = |event_id| consumer.process_once_with_payload(event_id, Some(&message.payload), work);
-    delivery::process(consumer.name(), received, event_id, run).await
-}
-
-impl delivery::Message for Message {
+impl BrokerMessage for Message {
     const MISSING_ID: &'static str =
         "a message without an event id cannot be deduplicated: terminated";
+
+    fn event_id(&self) -> Option<&str> {
+        let headers = self.headers.as_ref()?;
+        headers.get(NATS_MESSAGE_ID).map(|id| id.as_str())
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    fn redelivered(&self) -> bool {
+        self.deliveries().is_some_and(|count| count > 1)
+    }
+
+    fn deliveries(&self) -> Option<u64> {
+        let info = self.info().ok()?;
+        Some(info.delivered.max(0).unsigned_abs())
+    }
 
     // Double acks throughout: the server confirms it has the settlement, so "acked" here means
     // acked there.

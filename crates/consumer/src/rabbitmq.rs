@@ -2,7 +2,7 @@
 //!
 //! Consume with manual acknowledgements (`no_ack: false`, the default) and hand each delivery
 //! to [`process_delivery`]. It takes the event id from the message's `message_id` property,
-//! runs the work through any [`Consumer`], and then settles the delivery:
+//! runs the work through any [`Consumer`](crate::Consumer), and then settles the delivery:
 //!
 //! | result | settled with |
 //! |---|---|
@@ -54,52 +54,40 @@
 //! recorded) is bounded by the queue, not by this crate: use a quorum queue with
 //! `x-delivery-limit` and a dead-letter exchange.
 
-use std::fmt;
-
-use futures_util::future::BoxFuture;
 pub use lapin;
 use lapin::{
     message::Delivery,
     options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions},
 };
 
-pub use crate::delivery::{Handled, SettleError, Settlement};
-use crate::{
-    delivery::{self, Message, Received},
-    Consumer,
+use crate::delivery::sealed::Sealed;
+pub use crate::delivery::{
+    process_message as process_delivery, BrokerMessage, Handled, SettleError, Settlement,
 };
 
-/// Run `work` for the event of `delivery` through `consumer`, then ack, requeue or reject the
-/// delivery (see the [module docs](self)). The message body is kept with a failed event, for
-/// [replaying](crate::sql::SqlConsumer::replay) it.
-pub async fn process_delivery<C, T, E, F>(
-    consumer: &C,
-    delivery: &Delivery,
-    work: F,
-) -> Result<Handled<T, E>, SettleError>
-where
-    C: Consumer,
-    T: Send,
-    E: fmt::Display + Send,
-    F: for<'c> FnOnce(&'c mut C::Context) -> BoxFuture<'c, Result<T, E>> + Send,
-{
-    let event_id = delivery
-        .properties
-        .message_id()
-        .as_ref()
-        .map(|id| id.as_str());
-    let received = Received {
-        message: delivery,
-        redelivered: delivery.redelivered,
-        deliveries: None,
-    };
-    let run = |event_id| consumer.process_once_with_payload(event_id, Some(&delivery.data), work);
-    delivery::process(consumer.name(), received, event_id, run).await
-}
+impl Sealed for Delivery {}
 
-impl Message for Delivery {
+impl BrokerMessage for Delivery {
     const MISSING_ID: &'static str =
         "a delivery without message_id cannot be deduplicated: rejected";
+
+    fn event_id(&self) -> Option<&str> {
+        let id = self.properties.message_id().as_ref()?;
+        Some(id.as_str())
+    }
+
+    fn payload(&self) -> &[u8] {
+        &self.data
+    }
+
+    fn redelivered(&self) -> bool {
+        self.redelivered
+    }
+
+    /// RabbitMQ classic queues only flag redeliveries.
+    fn deliveries(&self) -> Option<u64> {
+        None
+    }
 
     async fn settle(&self, settlement: Settlement) -> Result<(), SettleError> {
         match settlement {

@@ -63,7 +63,7 @@ use std::{
     time::Duration,
 };
 
-use futures_util::{future::BoxFuture, FutureExt};
+use futures_util::FutureExt;
 use redis::{aio::ConnectionLike, aio::ConnectionManager, Script};
 use sha2::{Digest, Sha256};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -412,7 +412,7 @@ where
     where
         T: Send,
         E: fmt::Display + Send,
-        F: for<'c> FnOnce(&'c mut ()) -> BoxFuture<'c, Result<T, E>> + Send,
+        F: crate::Work<(), T, E>,
     {
         let mut context = ();
         self.run_once(event_id, work(&mut context)).await

@@ -112,10 +112,7 @@ macro_rules! sql_backend {
             where
                 T: Send,
                 E: std::fmt::Display + Send,
-                F: for<'c> FnOnce(
-                        &'c mut Self::Context,
-                    ) -> futures_util::future::BoxFuture<'c, Result<T, E>>
-                    + Send,
+                F: $crate::Work<Self::Context, T, E>,
             {
                 self.run_once(event_id, payload, work).await
             }
