@@ -196,7 +196,8 @@ enum Resources {
     None,
     /// The pool, and the stores whose batch connections are closed with it.
     Postgres(PgPool, Vec<PostgresStore>),
-    Sqlite(SqlitePool, PathBuf),
+    /// Each file's pool and path.
+    Sqlite(Vec<(SqlitePool, PathBuf)>),
     MySql(MySqlPool),
 }
 
@@ -221,10 +222,12 @@ impl Started {
                 pool.execute("TRUNCATE idempotency_records").await?;
                 pool.close().await;
             }
-            Resources::Sqlite(pool, path) => {
-                pool.close().await;
-                for suffix in ["", "-wal", "-shm"] {
-                    let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            Resources::Sqlite(files) => {
+                for (pool, path) in files {
+                    pool.close().await;
+                    for suffix in ["", "-wal", "-shm"] {
+                        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+                    }
                 }
             }
         }
@@ -363,11 +366,17 @@ async fn start_postgres(setup: &Setup, route: Route) -> Result<Started, BoxError
     })
 }
 
-/// Transactional and standard mode on a fresh SQLite file (WAL) in the temp dir, removed
-/// afterwards.
+/// Transactional and standard mode on a fresh SQLite file (WAL) in the temp dir, and standard
+/// mode with the store on a second file (the records' writes then take another file's write
+/// lock than the handler's `INSERT`); the files are removed afterwards.
 async fn start_sqlite() -> Result<Started, BoxError> {
     let (pool, path) = bench_sqlite_file().await?;
-    let stores: [SqliteStore; 2] = std::array::from_fn(|_| SqliteStore::new(pool.clone()));
+    let (records_pool, records_path) = bench_sqlite_file().await?;
+    let stores = [
+        SqliteStore::new(pool.clone()),
+        SqliteStore::new(pool.clone()),
+        SqliteStore::new(records_pool.clone()),
+    ];
     let layer = |i: usize| Idempotency::new(stores[i].clone()).with_ttl(RECORD_TTL);
     let on_pool = || {
         Router::new()
@@ -382,6 +391,7 @@ async fn start_sqlite() -> Result<Started, BoxError> {
     )
     .await?;
     let standard = handlers::serve(on_pool().route_layer(layer(1))).await?;
+    let standard_own_file = handlers::serve(on_pool().route_layer(layer(2))).await?;
     let mode = |i: usize, label, url| Layered {
         label,
         url,
@@ -396,9 +406,10 @@ async fn start_sqlite() -> Result<Started, BoxError> {
         layered: vec![
             mode(0, "sqlite (transactional)", transactional),
             mode(1, "sqlite (standard)", standard),
+            mode(2, "sqlite (standard, own file)", standard_own_file),
         ],
         wire: None,
-        resources: Resources::Sqlite(pool, path),
+        resources: Resources::Sqlite(vec![(pool, path), (records_pool, records_path)]),
     })
 }
 
