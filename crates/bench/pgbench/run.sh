@@ -15,7 +15,8 @@
 # so a change in the machine's load falls on every script alike. Scripts named batch_*.sql run
 # once per batch size N of BATCH_SIZES (default "1 8 32 128"), with `-D batch=N`; each of their
 # transactions serves N requests (batch_claims_and_saves.sql also needs -D prev=0, which every
-# run gets). Prints tps (without the initial connection time) per round,
+# run gets), on connections with the store's batch settings (a generic plan, no sequential or
+# bitmap scans). Prints tps (without the initial connection time) per round,
 # then the mean, its ratio to the first script's, and for batch scripts the requests served per
 # second (tps x N: claim+save pairs per second).
 #
@@ -54,6 +55,8 @@ db_url="${base%/*}/$db$query"
 PGOPTIONS="-c client_min_messages=warning" psql "$url" -qX -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
 PGOPTIONS="-c client_min_messages=warning" psql "$db_url" -qX -v ON_ERROR_STOP=1 -f schema.sql >/dev/null
 
+BATCH_OPTIONS="-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c enable_bitmapscan=off"
+
 declare -A results
 n=${#runs[@]}
 for ((round = 0; round < rounds; round++)); do
@@ -62,12 +65,16 @@ for ((round = 0; round < rounds; round++)); do
     read -r script batch <<<"$run"
     args=(-n -M prepared)
     case "$script" in simple_*) args=(-n -M simple) ;; esac
+    options=""
     [ -z "$batch" ] || args+=(-D "batch=$batch" -D prev=0)
-    tps=$(pgbench "${args[@]}" -c "$clients" -j 2 -T "$seconds" -f "$script" "$db_url" 2>&1 |
+    # The store runs its batch statements on connections with these settings (batch_connections
+    # in the PostgreSQL store's mod.rs): one generic plan per statement, probes by key.
+    [ -z "$batch" ] || options="$BATCH_OPTIONS"
+    tps=$(PGOPTIONS="$options" pgbench "${args[@]}" -c "$clients" -j 2 -T "$seconds" -f "$script" "$db_url" 2>&1 |
       sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p' || true)
     if [ -z "$tps" ]; then
       echo "pgbench failed on $run:" >&2
-      pgbench "${args[@]}" -c 1 -t 1 -f "$script" "$db_url" >&2 || true
+      PGOPTIONS="$options" pgbench "${args[@]}" -c 1 -t 1 -f "$script" "$db_url" >&2 || true
       exit 1
     fi
     results[$run]="${results[$run]:-} $tps"
