@@ -55,6 +55,8 @@ db_url="${base%/*}/$db$query"
 PGOPTIONS="-c client_min_messages=warning" psql "$url" -qX -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
 PGOPTIONS="-c client_min_messages=warning" psql "$db_url" -qX -v ON_ERROR_STOP=1 -f schema.sql >/dev/null
 
+# The store runs its batch statements on connections with these settings (batch_connections in
+# the PostgreSQL store's mod.rs): one generic plan per statement, probes by key.
 BATCH_OPTIONS="-c plan_cache_mode=force_generic_plan -c enable_seqscan=off -c enable_bitmapscan=off"
 
 declare -A results
@@ -66,10 +68,10 @@ for ((round = 0; round < rounds; round++)); do
     args=(-n -M prepared)
     case "$script" in simple_*) args=(-n -M simple) ;; esac
     options=""
-    [ -z "$batch" ] || args+=(-D "batch=$batch" -D prev=0)
-    # The store runs its batch statements on connections with these settings (batch_connections
-    # in the PostgreSQL store's mod.rs): one generic plan per statement, probes by key.
-    [ -z "$batch" ] || options="$BATCH_OPTIONS"
+    if [ -n "$batch" ]; then
+      args+=(-D "batch=$batch" -D prev=0)
+      options="$BATCH_OPTIONS"
+    fi
     tps=$(PGOPTIONS="$options" pgbench "${args[@]}" -c "$clients" -j 2 -T "$seconds" -f "$script" "$db_url" 2>&1 |
       sed -n 's/^tps = \([0-9.]*\) (without initial connection time)$/\1/p' || true)
     if [ -z "$tps" ]; then
