@@ -14,6 +14,9 @@ use pin_project_lite::pin_project;
 /// The error type of bodies the layer produces.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// What both bodies' `poll_frame` answers.
+type NextFrame = Poll<Option<Result<Frame<Bytes>, BoxError>>>;
+
 pin_project! {
     /// The request body the inner service receives: the body the layer buffered (to fingerprint
     /// it), or the caller's own body, untouched, on requests the layer lets through unread
@@ -68,10 +71,7 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> NextFrame {
         match self.project().kind.project() {
             RequestKindProj::Buffered { body } => {
                 body.poll_frame(cx).map_err(|never| match never {})
@@ -185,10 +185,7 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> NextFrame {
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Rejection { body } => body.poll_frame(cx).map_err(|never| match never {}),

@@ -142,6 +142,8 @@ impl Rejection {
 
     /// What went wrong and what to do (the problem's `detail`).
     pub fn detail(&self) -> String {
+        // Every "retry after" in a detail is the `Retry-After` header's whole seconds.
+        let secs = self.retry_after().map_or(0, retry_after_secs);
         match self {
             Rejection::MissingKey { header } => format!(
                 "this endpoint requires an `{header}` header; generate one unique key (for example a UUID) per operation and send the same key on every retry of it"
@@ -165,22 +167,18 @@ impl Rejection {
                 "the request body was not received within {} s; nothing was processed; send the request again (with the same idempotency key)",
                 retry_after_secs(*timeout)
             ),
-            Rejection::InFlight { retry_after } => format!(
-                "a request with this idempotency key is still being processed; retry after {} s to get its result",
-                retry_after_secs(*retry_after)
+            Rejection::InFlight { .. } => format!(
+                "a request with this idempotency key is still being processed; retry after {secs} s to get its result"
             ),
-            Rejection::LeaseLost { retry_after } => format!(
-                "this attempt took too long and a retry with the same idempotency key took over; nothing was committed; retry after {} s to get the result",
-                retry_after_secs(*retry_after)
+            Rejection::LeaseLost { .. } => format!(
+                "this attempt took too long and a retry with the same idempotency key took over; nothing was committed; retry after {secs} s to get the result"
             ),
             Rejection::KeyReused => "this idempotency key was already used for a different request (method, path or body); use a new key for a new operation, or resend the original request unchanged".to_owned(),
-            Rejection::StoreUnavailable { retry_after } => format!(
-                "the request was not processed because idempotency could not be guaranteed right now; retry with the same key after {} s",
-                retry_after_secs(*retry_after)
+            Rejection::StoreUnavailable { .. } => format!(
+                "the request was not processed because idempotency could not be guaranteed right now; retry with the same key after {secs} s"
             ),
-            Rejection::StoreFull { retry_after } => format!(
-                "the request was not processed because the idempotency store is full; retry with the same key after {} s (records free as they expire)",
-                retry_after_secs(*retry_after)
+            Rejection::StoreFull { .. } => format!(
+                "the request was not processed because the idempotency store is full; retry with the same key after {secs} s (records free as they expire)"
             ),
             Rejection::StoreFailed => "the request was not processed because the idempotency store answered with an error; the cause is in the server's log; retrying will not help until it is fixed".to_owned(),
         }

@@ -1,8 +1,6 @@
 //! The user's error contract: a `type` base of their own, their own envelope, their own
 //! replay header; and the defaults unchanged without them.
 
-use tower_layer::Layer;
-
 use super::*;
 
 async fn json_of<B: Body<Data = Bytes>>(response: Response<B>) -> serde_json::Value

@@ -15,7 +15,7 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
-use tower::ServiceExt;
+use tower::{Layer, ServiceExt};
 use tower_service::Service;
 
 use super::*;
@@ -49,6 +49,19 @@ fn counting_service(
     })
 }
 
+/// The layer over a fresh memory store and a handler that answers `status`, counting the
+/// handler's runs in `runs`.
+fn guarded(
+    runs: &Arc<AtomicUsize>,
+    status: StatusCode,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<crate::body::ResponseBody<Full<Bytes>>>,
+    Error = std::convert::Infallible,
+> + Clone {
+    Idempotency::memory().layer(counting_service(runs.clone(), status))
+}
+
 /// For a handler's `map_request`: counts the requests that reach the handler in `runs` (the
 /// layer's own answers and replays never do).
 fn counting<R>(runs: &Arc<AtomicUsize>) -> impl Fn(R) -> R + Clone {
@@ -75,11 +88,8 @@ where
 
 #[tokio::test]
 async fn a_retry_replays_instead_of_running_again() {
-    let count = Arc::new(AtomicUsize::new(0));
-    let service = IdempotencyService::new(
-        counting_service(count.clone(), StatusCode::CREATED),
-        MemoryStore::new(),
-    );
+    let count = Arc::default();
+    let service = guarded(&count, StatusCode::CREATED);
     let first = service.clone().oneshot(post("k", "a")).await.unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
     assert!(first.headers().get(&crate::REPLAYED_HEADER).is_none());
@@ -97,11 +107,8 @@ async fn a_retry_replays_instead_of_running_again() {
 
 #[tokio::test]
 async fn try_again_statuses_release_the_key() {
-    let count = Arc::new(AtomicUsize::new(0));
-    let service = IdempotencyService::new(
-        counting_service(count.clone(), StatusCode::TOO_MANY_REQUESTS),
-        MemoryStore::new(),
-    );
+    let count = Arc::default();
+    let service = guarded(&count, StatusCode::TOO_MANY_REQUESTS);
     for _ in 0..2 {
         let response = service.clone().oneshot(post("k", "a")).await.unwrap();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -162,11 +169,8 @@ async fn a_full_memory_store_answers_503_store_full() {
 
 #[tokio::test]
 async fn uncovered_methods_pass_through_without_a_key() {
-    let count = Arc::new(AtomicUsize::new(0));
-    let service = IdempotencyService::new(
-        counting_service(count.clone(), StatusCode::OK),
-        MemoryStore::new(),
-    );
+    let count = Arc::default();
+    let service = guarded(&count, StatusCode::OK);
     let get = Request::get("/orders")
         .body(Full::new(Bytes::new()))
         .unwrap();
