@@ -199,3 +199,67 @@ async fn a_transaction_handed_over_to_a_request_that_left_releases_the_lock() {
     assert_eq!(done_work(&store).await, ["other"]);
     assert_eq!(store.transactions_handed_over(), 0);
 }
+
+#[tokio::test]
+async fn a_batch_between_two_transactions_commits_in_the_handed_over_one_and_hands_on() {
+    let (store, _) = store().await;
+    let (hold, next_hold) = (claimed(&store).await, claimed(&store).await);
+    let (turn, mut tx, _) = begin(&store).await;
+    work(&mut tx, "a").await;
+    // A claim's batch queues behind this transaction, then the next request's transaction.
+    let batch = tokio::spawn({
+        let store = store.clone();
+        async move { claimed(&store).await }
+    });
+    while queue(&store).batches_waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let next = next_transaction(&store, next_hold).await;
+    assert_eq!(save(&store, tx, turn, &hold).await, Fenced::Applied);
+    let batch_hold = batch.await.unwrap();
+    assert!(
+        next.await.unwrap(),
+        "the batch let the write lock go instead of handing it on"
+    );
+    assert_eq!(store.transactions_handed_over(), 1);
+    assert_eq!(done_work(&store).await, ["a", "b"]);
+    let again = Claim {
+        key: batch_hold.key,
+        fingerprint: Fingerprint([1; 32]),
+        token: FencingToken::new(),
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(3600),
+    };
+    assert!(
+        matches!(
+            store.claim(&again).await.unwrap(),
+            ClaimOutcome::InFlight { .. }
+        ),
+        "the batch's claim was not committed"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_in_a_handed_over_transaction_lets_the_lock_go_when_no_one_waits() {
+    let (store, options) = store().await;
+    let (turn, _) = queue(&store).transaction_turn().await;
+    turn.hand_over(store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap());
+    let hold = claimed(&store).await;
+    // Another process's writer that does not wait: the file's write lock is free at once.
+    let mut other = SqliteConnection::connect_with(&options.busy_timeout(Duration::ZERO))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let committed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE key = ?1")
+            .bind(&hold.key.0[..])
+            .fetch_one(&mut other)
+            .await
+            .unwrap();
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    assert_eq!(committed, 1, "the batch's claim was not committed");
+    assert_eq!(store.transactions_handed_over(), 0);
+}
