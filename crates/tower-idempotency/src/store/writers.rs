@@ -9,9 +9,7 @@
 //! the `COMMIT`. When another handler's transaction is already waiting, the one that commits
 //! begins the next one in the same trip (`COMMIT; BEGIN IMMEDIATE`) and leaves it here, write
 //! lock held, for the next holder of the queue: a handler transaction takes it as its own and
-//! skips its `BEGIN`; a batch of the store's runs in it, commits, and begins the next one in
-//! the same trip (while handlers still wait); any other writer (a checkpoint, a sweep) rolls
-//! it back first. A handler that stops waiting
+//! skips its `BEGIN`; any other writer rolls it back first. A handler that stops waiting
 //! (its request dropped) sends a task through the queue after it, so a transaction handed over
 //! for it never keeps the write lock while the queue is idle. A chain of hand-overs is cut
 //! after [`MAX_CHAIN`] transactions, so that another process's writer, which waits for the file
@@ -35,9 +33,6 @@ pub struct WriterQueue<DB: sqlx::Database> {
     waiting: Arc<AtomicUsize>,
     /// Handler transactions that began on a handed-over write lock.
     handed_over: Arc<AtomicU64>,
-    /// Batches waiting for their turn, for tests that order a batch before a handler.
-    #[cfg(test)]
-    batches_waiting: Arc<AtomicUsize>,
 }
 
 impl<DB: sqlx::Database> Clone for WriterQueue<DB> {
@@ -46,8 +41,6 @@ impl<DB: sqlx::Database> Clone for WriterQueue<DB> {
             slot: self.slot.clone(),
             waiting: self.waiting.clone(),
             handed_over: self.handed_over.clone(),
-            #[cfg(test)]
-            batches_waiting: self.batches_waiting.clone(),
         }
     }
 }
@@ -70,8 +63,6 @@ impl<DB: sqlx::Database> Default for WriterQueue<DB> {
             })),
             waiting: Arc::default(),
             handed_over: Arc::default(),
-            #[cfg(test)]
-            batches_waiting: Arc::default(),
         }
     }
 }
@@ -118,41 +109,6 @@ impl<DB: sqlx::Database> WriterQueue<DB> {
         slot
     }
 
-    /// The turn of a write of the store's own that can run inside a transaction handed over for
-    /// a handler (a batch), and that transaction if there is one: the batch commits in it and,
-    /// for handlers still waiting, begins the next one in the same hop ([`Self::hand_on`]),
-    /// where [`turn`](Self::turn) would roll it back, and the handler would begin again.
-    pub(crate) async fn turn_in_begun(&self) -> (Turn<DB>, Option<sqlx::Transaction<'static, DB>>) {
-        #[cfg(test)]
-        self.batches_waiting.fetch_add(1, Ordering::AcqRel);
-        let mut slot = self.slot.clone().lock_owned().await;
-        #[cfg(test)]
-        self.batches_waiting.fetch_sub(1, Ordering::AcqRel);
-        let begun = slot.begun.take();
-        if begun.is_none() {
-            slot.chain = 0;
-        }
-        (slot, begun)
-    }
-
-    /// Whether a write of the store's own that ran in a handed-over transaction should begin
-    /// the next one: a handler transaction waits, and the chain is not at its cap.
-    pub(crate) fn hands_on(&self, turn: &Turn<DB>) -> bool {
-        self.waiting.load(Ordering::Acquire) > 0 && turn.chain < MAX_CHAIN
-    }
-
-    /// Leave `begun`, a transaction holding the write lock, for the next holder of the queue
-    /// after a write of the store's own; `None`: the write lock was let go.
-    pub(crate) fn hand_on(turn: &mut Turn<DB>, begun: Option<sqlx::Transaction<'static, DB>>) {
-        match begun {
-            Some(begun) => {
-                turn.chain += 1;
-                turn.begun = Some(begun);
-            }
-            None => turn.chain = 0,
-        }
-    }
-
     /// A handler transaction's turn, and the transaction the holder before it began for it, if
     /// it did. Counted as waiting meanwhile, which is what makes the holder before it hand over.
     pub(crate) async fn transaction_turn(
@@ -183,12 +139,6 @@ impl<DB: sqlx::Database> WriterQueue<DB> {
     #[cfg(test)]
     pub(crate) fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Acquire)
-    }
-
-    /// Batches waiting for their turn now.
-    #[cfg(test)]
-    pub(crate) fn batches_waiting(&self) -> usize {
-        self.batches_waiting.load(Ordering::Acquire)
     }
 }
 

@@ -17,29 +17,19 @@
 
 use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 
-use futures_util::TryStreamExt;
-
 use sqlx::{
     sqlite::{Sqlite, SqlitePool, SqliteRow},
     Row, SqlStr,
 };
 
-use super::{
-    checkpoint::Checkpointer,
-    queries::{self, Queries},
-    BatchConnections, Codec,
-};
+use super::{checkpoint::Checkpointer, queries::Queries, BatchConnections, Codec};
 use crate::key::push_hex;
 use crate::store::sql::{
     batch::{duplicate_of, Runner},
     millis,
     prelude::*,
 };
-use crate::store::{
-    error::StoreErrorKind,
-    record::FencingToken,
-    writers::{Turn, WriterQueue},
-};
+use crate::store::{error::StoreErrorKind, record::FencingToken, writers::WriterQueue};
 
 /// How many rounds a batch runs at most beyond one per entry (a claim that finds its answer
 /// neither read nor written is retried; it cannot happen inside one transaction, but a bound
@@ -130,13 +120,8 @@ pub(super) struct Writes {
     pub(super) checkpoints: Arc<Checkpointer>,
     /// The store's statements, for its table.
     pub(super) queries: Arc<Queries>,
-    /// The batch's statement list for each set of kinds of write ([`batches`](super::queries::batches)),
-    /// on a connection of the batches.
+    /// The batch's statement list for each set of kinds of write ([`batches`](super::queries::batches)).
     pub(super) batches: Vec<SqlStr>,
-    /// The same, in a transaction handed over for a handler: committing it and beginning the
-    /// next one, and committing it and letting the write lock go.
-    pub(super) batches_hand_on: Vec<SqlStr>,
-    pub(super) batches_let_go: Vec<SqlStr>,
     pub(super) writers: WriterQueue<Sqlite>,
     /// Called with the key of every applied save or release once it is committed.
     pub(super) announce: Arc<dyn Fn(&KeyHash) + Send + Sync>,
@@ -210,10 +195,7 @@ impl Writes {
     /// One round in one transaction, on one connection, in one hop; a round that fails is rolled
     /// back (or its connection closed), so nothing of it stays.
     async fn run_round(&self, round: &Round) -> Result<Vec<SqliteRow>, StoreError> {
-        let (mut turn, begun) = self.writers.turn_in_begun().await;
-        if let Some(tx) = begun {
-            return self.run_round_in(tx, &mut turn, round).await;
-        }
+        let _turn = self.writers.turn().await;
         let mut conn = self.connections.acquire().await?;
         let rows = sqlx::query(self.batches[round.kinds].clone())
             .bind(&round.json)
@@ -232,69 +214,6 @@ impl Writes {
                     self.connections.park(conn);
                 }
                 Err(err.into())
-            }
-        }
-    }
-}
-
-impl Writes {
-    /// One round in `tx`, the transaction the last handler to commit began for the next one
-    /// (write lock held): the round, its `COMMIT`, and while handlers still wait the next
-    /// handler's `BEGIN IMMEDIATE`, all in one hop. A round that fails is rolled back with the
-    /// transaction; the next handler then begins its own.
-    async fn run_round_in(
-        &self,
-        mut tx: sqlx::Transaction<'static, Sqlite>,
-        turn: &mut Turn<Sqlite>,
-        round: &Round,
-    ) -> Result<Vec<SqliteRow>, StoreError> {
-        let hand_on = self.writers.hands_on(turn);
-        let lists = match hand_on {
-            true => &self.batches_hand_on,
-            false => &self.batches_let_go,
-        };
-        let mut rows = Vec::new();
-        let mut committed = false;
-        let ended = {
-            let mut stream = sqlx::query(lists[round.kinds].clone())
-                .bind(&round.json)
-                .fetch(&mut *tx);
-            loop {
-                match stream.try_next().await {
-                    Ok(Some(row)) if row.try_column(queries::COMMITTED).is_ok() => committed = true,
-                    Ok(Some(row)) => rows.push(row),
-                    Ok(None) => break Ok(()),
-                    Err(err) => break Err(err),
-                }
-            }
-        };
-        if committed {
-            self.checkpoints.committed();
-        }
-        match ended {
-            Ok(()) if committed => {
-                WriterQueue::hand_on(turn, hand_on.then_some(tx));
-                Ok(rows)
-            }
-            // The batch is committed, the next `BEGIN IMMEDIATE` failed: another process
-            // took the file's lock between the two.
-            Err(_) if committed => {
-                WriterQueue::hand_on(turn, None);
-                if let Err(err) = super::roll_back_whatever_state(tx).await {
-                    tracing::debug!(target: "tower_idempotency", error = %err, "ending a batch's transaction after its hand-over failed");
-                }
-                Ok(rows)
-            }
-            failed => {
-                WriterQueue::hand_on(turn, None);
-                // Whatever the list did before it stopped, nothing of it is committed.
-                let _ = super::roll_back_whatever_state(tx).await;
-                Err(match failed {
-                    Err(err) => err.into(),
-                    Ok(()) => {
-                        StoreError::corrupt("a batch's statement list ended before its commit")
-                    }
-                })
             }
         }
     }

@@ -65,11 +65,8 @@
 //! record, and the transaction rolls back). When another handler's transaction waits in the queue,
 //! that list ends with its `BEGIN IMMEDIATE`: the write lock passes from one transaction to the
 //! next inside one hop, and the waiting request finds its transaction begun (up to 16 in a row,
-//! then the lock is let go, so another process's writer gets its turn). A batch of the store's
-//! that comes to a begun transaction runs in it: the batch, its `COMMIT` and, while handlers
-//! still wait, their next `BEGIN IMMEDIATE` in one hop, where rolling the transaction back first
-//! and the handler's own `BEGIN` after would cost two more while the lock is held. A transaction
-//! handed on to a request that left meanwhile is rolled back by the queue. [`SqliteStore::transactions_handed_over`] counts them.
+//! then the queue lets the store's own writes in). A transaction handed on to a request that left
+//! meanwhile is rolled back by the queue. [`SqliteStore::transactions_handed_over`] counts them.
 //!
 //! The batches run on connections of the store's own: a pool made with your pool's connect
 //! options (not its `after_connect` hook), at most one connection per read batch in flight and
@@ -283,9 +280,7 @@ impl SqliteStore {
             connections: connections.clone(),
             checkpoints: checkpoints.clone(),
             queries: queries.clone(),
-            batches: queries::batches(&table, queries::Frame::Own),
-            batches_hand_on: queries::batches(&table, queries::Frame::HandOn),
-            batches_let_go: queries::batches(&table, queries::Frame::LetGo),
+            batches: queries::batches(&table),
             writers: writers.clone(),
             announce,
         };

@@ -97,49 +97,19 @@ RETURNING 'claimed' AS kind, key,
     ),
 ];
 
-/// Where a batch's statement list runs, which says how it begins and ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Frame {
-    /// On a connection of the batches: `BEGIN IMMEDIATE`, the statements, `COMMIT`.
-    Own,
-    /// In a transaction handed over for a handler, write lock held (see `store::writers`): the
-    /// statements, `COMMIT`, a row that tells the commit ran ([`COMMITTED`]), then `BEGIN
-    /// IMMEDIATE` for the next handler. Should another process take the file's lock between the
-    /// two, the `BEGIN` fails after that row, and the batch stands.
-    HandOn,
-    /// The same, letting the write lock go: a deferred `BEGIN`, which takes no lock, so the
-    /// transaction sqlx still holds open is an empty one, rolled back when it is dropped.
-    LetGo,
-}
-
-/// The column of the row [`Frame::HandOn`] and [`Frame::LetGo`] lists return after their
-/// `COMMIT`.
-pub(super) const COMMITTED: &str = "committed";
-
 /// [`BATCH`]'s statements for the kinds of write a batch holds (bit `i` set: `BATCH[i]` is in),
-/// in order, framed as `frame` says, written for `table`: a batch runs no statement for a kind
-/// it does not hold.
-pub(super) fn batches(table: &crate::store::sql::TableName, frame: Frame) -> Vec<sqlx::SqlStr> {
+/// in order, inside `BEGIN IMMEDIATE .. COMMIT`, written for `table`: a batch runs no statement
+/// for a kind it does not hold.
+pub(super) fn batches(table: &crate::store::sql::TableName) -> Vec<sqlx::SqlStr> {
     (0..1usize << BATCH.len())
         .map(|kinds| {
-            let mut sql = String::new();
-            if frame == Frame::Own {
-                sql.push_str("BEGIN IMMEDIATE;");
-            }
+            let mut sql = String::from("BEGIN IMMEDIATE;");
             for (i, statement) in BATCH.iter().enumerate() {
                 if kinds & (1 << i) != 0 {
                     sql.push_str(statement);
                 }
             }
             sql.push_str("COMMIT;");
-            let next = match frame {
-                Frame::Own => None,
-                Frame::HandOn => Some("BEGIN IMMEDIATE"),
-                Frame::LetGo => Some("BEGIN"),
-            };
-            if let Some(next) = next {
-                sql.push_str(&format!("\nSELECT 1 AS {COMMITTED};\n{next};\n"));
-            }
             table.statement_text(sql)
         })
         .collect()
