@@ -55,7 +55,7 @@ use crate::{
     error::Rejection,
     store::{
         bounded,
-        writers::{TransactionTurn, WriterQueue},
+        writers::{self, TransactionTurn, WriterQueue},
         Fenced, StoreError, TransactionalStore,
     },
 };
@@ -291,9 +291,14 @@ async fn save_and_commit<St: TransactionalStore>(
         response,
         limit,
     } = save;
-    store
+    let queued = turn.is_some();
+    let saved = store
         .complete_and_commit(tx, turn, hold, response, limit)
-        .await
+        .await;
+    if queued {
+        writers::yield_to_next_writer().await;
+    }
+    saved
 }
 
 #[cfg(feature = "axum")]

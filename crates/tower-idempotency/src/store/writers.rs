@@ -156,6 +156,14 @@ impl<DB: sqlx::Database> TransactionTurn<DB> {
     }
 }
 
+/// Called just after a turn was let go. The next writer was woken on this worker thread and
+/// holds the queue from that moment; without a yield it runs only once this task's poll ends,
+/// after a handler's answer is written out or a batch's replies are sent, and the queue idles
+/// meanwhile (transactional first-time keys at 32 workers: 0.26x of bare without, 0.33x with).
+pub(crate) async fn yield_to_next_writer() {
+    tokio::task::yield_now().await;
+}
+
 /// Counts a handler transaction as waiting until it gets its turn. Dropped before that (its
 /// request dropped), it sends a task through the queue, so that a transaction handed over for
 /// it is rolled back as soon as the queue comes to it, not left holding the write lock.

@@ -29,7 +29,11 @@ use crate::store::sql::{
     millis,
     prelude::*,
 };
-use crate::store::{error::StoreErrorKind, record::FencingToken, writers::WriterQueue};
+use crate::store::{
+    error::StoreErrorKind,
+    record::FencingToken,
+    writers::{self, WriterQueue},
+};
 
 /// How many rounds a batch runs at most beyond one per entry (a claim that finds its answer
 /// neither read nor written is retried; it cannot happen inside one transaction, but a bound
@@ -195,7 +199,14 @@ impl Writes {
     /// One round in one transaction, on one connection, in one hop; a round that fails is rolled
     /// back (or its connection closed), so nothing of it stays.
     async fn run_round(&self, round: &Round) -> Result<Vec<SqliteRow>, StoreError> {
-        let _turn = self.writers.turn().await;
+        let turn = self.writers.turn().await;
+        let ran = self.run_round_on_turn(round).await;
+        drop(turn);
+        writers::yield_to_next_writer().await;
+        ran
+    }
+
+    async fn run_round_on_turn(&self, round: &Round) -> Result<Vec<SqliteRow>, StoreError> {
         let mut conn = self.connections.acquire().await?;
         let rows = sqlx::query(self.batches[round.kinds].clone())
             .bind(&round.json)
