@@ -7,14 +7,8 @@ use crate::observe::recorded::Recorded;
 /// Five guarded requests (saved, replayed, mismatch, rejected without a key, released) and a
 /// GET, which is not guarded.
 async fn five_guarded_requests_and_a_get() {
-    let created = Idempotency::memory().layer(counting_service(
-        Arc::new(AtomicUsize::new(0)),
-        StatusCode::CREATED,
-    ));
-    let limited = Idempotency::memory().layer(counting_service(
-        Arc::new(AtomicUsize::new(0)),
-        StatusCode::TOO_MANY_REQUESTS,
-    ));
+    let created = guarded(&Arc::default(), StatusCode::CREATED);
+    let limited = guarded(&Arc::default(), StatusCode::TOO_MANY_REQUESTS);
     created.clone().oneshot(post("k", "a")).await.unwrap();
     created.clone().oneshot(post("k", "a")).await.unwrap();
     created.clone().oneshot(post("k", "b")).await.unwrap();

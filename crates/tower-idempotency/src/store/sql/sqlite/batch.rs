@@ -206,6 +206,7 @@ impl Writes {
         ran
     }
 
+    /// The round itself, while [`run_round`](Self::run_round) holds the writer queue.
     async fn run_round_on_turn(&self, round: &Round) -> Result<Vec<SqliteRow>, StoreError> {
         let mut conn = self.connections.acquire().await?;
         let rows = sqlx::query(self.batches[round.kinds].clone())
