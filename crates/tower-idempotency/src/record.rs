@@ -1,6 +1,6 @@
 //! Recording a handler's response, and replaying it.
 
-use http::{header, HeaderMap, HeaderName, StatusCode};
+use http::{header, response::Parts, HeaderMap, HeaderName, StatusCode};
 
 /// The header added to every replayed response by default (rename it with
 /// [`with_replay_header`](crate::Idempotency::with_replay_header)).
@@ -30,17 +30,13 @@ pub trait SavePolicy: Send + Sync + 'static {
     /// `true` to save a response with this status.
     fn should_save(&self, status: StatusCode) -> bool;
 
-    /// `true` to save this whole response. The layer asks this one; the default asks
+    /// `true` to save this whole response: its head (status, headers, extensions) and its
+    /// trailers (empty when it has none). The layer asks this one; the default asks
     /// [`should_save`](Self::should_save) with the status alone. Override it to look at headers
     /// or trailers too, as [`DefaultSavePolicy`] does for gRPC's `grpc-status`.
-    fn should_save_response(
-        &self,
-        status: StatusCode,
-        headers: &HeaderMap,
-        trailers: &HeaderMap,
-    ) -> bool {
-        let _ = (headers, trailers);
-        self.should_save(status)
+    fn should_save_response(&self, head: &Parts, trailers: &HeaderMap) -> bool {
+        let _ = trailers;
+        self.should_save(head.status)
     }
 }
 
@@ -67,13 +63,10 @@ impl SavePolicy for DefaultSavePolicy {
         !is_retryable_status(status)
     }
 
-    fn should_save_response(
-        &self,
-        status: StatusCode,
-        headers: &HeaderMap,
-        trailers: &HeaderMap,
-    ) -> bool {
-        self.should_save(status) && !is_retryable_grpc(headers) && !is_retryable_grpc(trailers)
+    fn should_save_response(&self, head: &Parts, trailers: &HeaderMap) -> bool {
+        self.should_save(head.status)
+            && !is_retryable_grpc(&head.headers)
+            && !is_retryable_grpc(trailers)
     }
 }
 
@@ -165,17 +158,22 @@ mod tests {
             map.insert("grpc-status", HeaderValue::from_static(code));
             map
         };
+        let head = |headers: HeaderMap| {
+            let mut head = http::Response::new(()).into_parts().0;
+            head.headers = headers;
+            head
+        };
         let none = HeaderMap::new();
         for code in ["8", "10", "14"] {
-            assert!(!DefaultSavePolicy.should_save_response(StatusCode::OK, &none, &grpc(code)));
-            assert!(!DefaultSavePolicy.should_save_response(StatusCode::OK, &grpc(code), &none));
+            assert!(!DefaultSavePolicy.should_save_response(&head(none.clone()), &grpc(code)));
+            assert!(!DefaultSavePolicy.should_save_response(&head(grpc(code)), &none));
         }
         for code in ["0", "3", "5", "13"] {
-            assert!(DefaultSavePolicy.should_save_response(StatusCode::OK, &none, &grpc(code)));
+            assert!(DefaultSavePolicy.should_save_response(&head(none.clone()), &grpc(code)));
         }
         // A closure policy sees the status only, and keeps deciding by it.
         let policy = |status: StatusCode| status.is_success();
-        assert!(policy.should_save_response(StatusCode::OK, &none, &grpc("14")));
+        assert!(policy.should_save_response(&head(grpc("14")), &grpc("14")));
     }
 
     #[test]

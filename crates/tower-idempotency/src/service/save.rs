@@ -81,7 +81,7 @@ impl<St: Store> Lease<St> {
             return Some("the handler marked its answer NotProcessed".to_owned());
         }
         let policy = &self.config.save;
-        if policy.should_save_response(parts.status, &parts.headers, trailers) {
+        if policy.should_save_response(parts, trailers) {
             return None;
         }
         Some(format!(
