@@ -1,6 +1,6 @@
 -- Group commit's one statement for a batch (pgbench -D batch=N -D prev=0): N first-time claims
 -- and the saves of the N requests of the client's previous batch, in one statement and one
--- commit, as the PostgreSQL store runs them (CLAIM_AND_COMPLETE_MANY in
+-- commit, as the PostgreSQL store ran them before the insert-first claim (CLAIM_AND_COMPLETE_MANY in
 -- crates/tower-idempotency/src/store/sql/postgres/batch.rs, with the arrays built by the
 -- server instead of bound). Each transaction serves N requests' claim and save: tps x N is
 -- claim+save pairs per second. The first transaction of a client saves nothing (prev=0).

@@ -33,15 +33,12 @@ use crate::store::{error::StoreErrorKind, record::FencingToken};
 /// before its entries are failed with [`StoreErrorKind::Conflict`].
 const CONFLICT_ATTEMPTS: usize = 3;
 
-/// The claim of many keys, with CTEs before its own (`$before`, each ending in a comma) and
-/// more rows after its own (`$after`, starting with `UNION ALL`).
+/// The claim of many keys: see [`CLAIM_MANY`].
 macro_rules! claim_many_sql {
-    ($before:literal, $after:literal) => {
+    () => {
         concat!(
-            "\nWITH ",
-            $before,
             r#"
-input AS (
+WITH input AS (
     SELECT *
     FROM unnest($1::bytea[], $2::bytea[], $3::uuid[], $4::bigint[], $5::bigint[])
         WITH ORDINALITY AS i(key, fingerprint, token, lease_ms, ttl_ms, n)
@@ -95,8 +92,7 @@ SELECT n,
        greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
        status, headers, body
 FROM found
-"#,
-            $after
+"#
         )
     };
 }
@@ -115,16 +111,18 @@ FROM found
 ///
 /// An entry that raced with an insert committed after the snapshot returns no row, as in the
 /// one-key statement; the runner claims it again in the next round.
-pub(super) const CLAIM_MANY: &str = claim_many_sql!("", "");
+///
+/// The rounds after a batch's first run it: the first round runs [`CLAIM_NEW_MANY`], which
+/// leaves to it the records a claim may overwrite.
+pub(super) const CLAIM_MANY: &str = claim_many_sql!();
 
-/// [`CLAIM_MANY`] with the saves of the same batch in front (`saved`: each response saved on its
-/// running record held with its token, the saves numbered), so a batch of claims and saves is one statement and one commit.
-/// The runner never puts a claim and a save of one key in one statement: the save runs, and
-/// the claim goes to the next round, which sees the saved answer. A save's row comes back as
-/// `outcome = 'saved'`, numbered among the saves, with the record's `watched` flag in
+/// The saves of a batch as a CTE (`saved`: each response saved on its running record held with
+/// its token, numbered), put in front of the first round's claims, and their rows after the
+/// claims': `outcome = 'saved'`, numbered among the saves, with the record's `watched` flag in
 /// `taken_over`.
-pub(super) const CLAIM_AND_COMPLETE_MANY: &str = claim_many_sql!(
-    r#"
+macro_rules! saved_sql {
+    () => {
+        r#"
 saved AS (
     UPDATE idempotency_records AS s
     SET state = 'done', status = u.status, headers = u.headers, body = u.body
@@ -132,14 +130,87 @@ saved AS (
         WITH ORDINALITY AS u(key, token, status, headers, body, n)
     WHERE s.key = u.key AND s.token = u.token AND s.state = 'running'
     RETURNING u.n, s.watched
-),"#,
-    r#"UNION ALL
+),"#
+    };
+    (rows) => {
+        r#"UNION ALL
 SELECT n, 'saved', watched, NULL::bigint, NULL::integer, NULL::bytea, NULL::bytea
 FROM saved
 "#
-);
+    };
+}
 
-/// The saves of [`CLAIM_AND_COMPLETE_MANY`] alone, for a round with no claim: a lone save (one
+/// The first round's claim of many keys, with CTEs before its own (`$before`) and more rows
+/// after its own (`$after`), as in [`claim_many_sql!`].
+///
+/// The insert comes first: `ON CONFLICT DO NOTHING` claims every key that has no record, which
+/// under load is nearly every claim that reaches the store (a replay, a duplicate in flight and a
+/// mismatch find a record). Only the entries it did not insert read their record, by key, as
+/// this statement's snapshot sees it: `done`, `in_flight` or `mismatch` answer as the live read
+/// of [`CLAIM_MANY`] would. A record the claim may overwrite (expired, or running with a lapsed
+/// lease and the same fingerprint) answers `again`, and so does, by returning no row, one
+/// committed after the snapshot: those entries run again in the next round with [`CLAIM_MANY`],
+/// whose upsert decides the takeover. Against [`CLAIM_MANY`] a new key costs one probe of the
+/// key's index instead of two, and no locking read is planned; `DO NOTHING` locks no row.
+macro_rules! claim_new_many_sql {
+    ($before:expr, $after:expr) => {
+        concat!(
+            "\nWITH ",
+            $before,
+            r#"
+input AS (
+    SELECT *
+    FROM unnest($1::bytea[], $2::bytea[], $3::uuid[], $4::bigint[], $5::bigint[])
+        WITH ORDINALITY AS i(key, fingerprint, token, lease_ms, ttl_ms, n)
+),
+claimed AS (
+    INSERT INTO idempotency_records AS r
+        (key, fingerprint, token, state, created_at, lease_until, expires_at)
+    SELECT
+        i.key, i.fingerprint, i.token, 'running', now(),
+        now() + i.lease_ms * interval '1 millisecond',
+        now() + i.ttl_ms * interval '1 millisecond'
+    FROM input AS i
+    ORDER BY i.key
+    ON CONFLICT (key) DO NOTHING
+    RETURNING r.key
+)
+SELECT i.n, 'claimed' AS outcome, false AS taken_over, NULL::bigint AS lease_remaining_ms,
+       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
+FROM claimed AS c
+JOIN input AS i ON i.key = c.key
+UNION ALL
+SELECT i.n,
+       CASE WHEN e.expires_at <= now() THEN 'again'
+            WHEN e.fingerprint <> i.fingerprint THEN 'mismatch'
+            WHEN e.state = 'done' THEN 'done'
+            WHEN e.lease_until > now() THEN 'in_flight'
+            ELSE 'again' END,
+       false,
+       greatest(0, ceil(extract(epoch FROM e.lease_until - now()) * 1000))::bigint,
+       e.status, e.headers, e.body
+FROM input AS i
+CROSS JOIN LATERAL (
+    SELECT * FROM idempotency_records AS e WHERE e.key = i.key OFFSET 0
+) AS e
+WHERE NOT EXISTS (SELECT FROM claimed WHERE claimed.key = i.key)
+"#,
+            $after
+        )
+    };
+}
+
+/// The claims of a batch's first round ([`claim_new_many_sql!`]).
+pub(super) const CLAIM_NEW_MANY: &str = claim_new_many_sql!("", "");
+
+/// [`CLAIM_NEW_MANY`] with the saves of the same batch in front ([`saved_sql!`]), so a batch of
+/// claims and saves is one statement and one commit. The runner never puts a claim and a save
+/// of one key in one statement: the save runs, and the claim goes to the next round, which sees
+/// the saved answer.
+pub(super) const CLAIM_NEW_AND_COMPLETE_MANY: &str =
+    claim_new_many_sql!(saved_sql!(), saved_sql!(rows));
+
+/// The saves of [`CLAIM_NEW_AND_COMPLETE_MANY`] alone, for a round with no claim: a lone save (one
 /// worker's batches hold one operation each) would otherwise run every claim CTE of that
 /// statement on empty arrays.
 const COMPLETE_MANY: &str = r#"
@@ -195,16 +266,18 @@ pub(super) enum Answer {
 }
 
 /// Runs batches of claims and saves: the saves and the first round of claims in one statement
-/// ([`CLAIM_AND_COMPLETE_MANY`]), or the claims alone ([`CLAIM_MANY`]) when nothing is saved,
-/// or the saves alone ([`COMPLETE_MANY`]) when nothing is claimed.
+/// ([`CLAIM_NEW_AND_COMPLETE_MANY`]), or the claims alone ([`CLAIM_NEW_MANY`]) when nothing is
+/// saved, or the saves alone ([`COMPLETE_MANY`]) when nothing is claimed; the claims of later
+/// rounds with [`CLAIM_MANY`].
 /// Each request waits on two commits of its own, the claim's and the save's, but a batch holds
 /// both kinds, so a request shares each with the others' claims and saves alike.
 pub(super) struct ClaimsAndSaves {
     connections: Arc<BatchConnections>,
-    /// [`CLAIM_MANY`], [`CLAIM_AND_COMPLETE_MANY`], [`COMPLETE_MANY`] and the one-key release,
-    /// for the store's table.
+    /// [`CLAIM_NEW_MANY`], [`CLAIM_NEW_AND_COMPLETE_MANY`], [`CLAIM_MANY`], [`COMPLETE_MANY`]
+    /// and the one-key release, for the store's table.
+    claim_new_many: SqlStr,
+    claim_new_and_complete_many: SqlStr,
     claim_many: SqlStr,
-    claim_and_complete_many: SqlStr,
     complete_many: SqlStr,
     release: SqlStr,
 }
@@ -213,8 +286,9 @@ impl ClaimsAndSaves {
     pub(super) fn new(connections: Arc<BatchConnections>, table: &TableName) -> Self {
         Self {
             connections,
+            claim_new_many: table.statement(CLAIM_NEW_MANY),
+            claim_new_and_complete_many: table.statement(CLAIM_NEW_AND_COMPLETE_MANY),
             claim_many: table.statement(CLAIM_MANY),
-            claim_and_complete_many: table.statement(CLAIM_AND_COMPLETE_MANY),
             complete_many: table.statement(COMPLETE_MANY),
             release: table.statement(RELEASE),
         }
@@ -273,12 +347,17 @@ impl<'a> Answers<'a> {
         (round, first_of_key)
     }
 
-    /// Take the rows of a round's statement; a save with no row lost its token.
+    /// Take the rows of a round's statement; a save with no row lost its token, a claim
+    /// answered `again` runs in the next round.
     fn take(&mut self, rows: &[PgRow], round: &[usize]) -> Result<(), StoreError> {
         let unknown = || StoreError::corrupt("the batch returned an unknown entry");
         for row in rows {
             let n = usize::try_from(row.try_get::<i64, _>("n")? - 1).map_err(|_| unknown())?;
-            if row.try_get::<&str, _>("outcome")? == "saved" {
+            let outcome: &str = row.try_get("outcome")?;
+            if outcome == "again" {
+                continue;
+            }
+            if outcome == "saved" {
                 let i = *self.saves.get(n).ok_or_else(unknown)?;
                 if row.try_get("taken_over")? {
                     self.watched.push(key_of(&self.ops[i]).to_hex());
@@ -339,13 +418,13 @@ impl Runner for ClaimsAndSaves {
     async fn run(&self, ops: &[Op]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
         let mut answers = Answers::new(ops);
         let mut connection = self.connections.acquire().await?;
-        for _ in 0..ops.len() + CLAIM_ATTEMPTS {
+        for attempt in 0..ops.len() + CLAIM_ATTEMPTS {
             let (round, first_of_key) = answers.round();
             if round.is_empty() && answers.saves.is_empty() {
                 break;
             }
             let saves = answers.saves.clone();
-            let statement = || self.statement(ops, &round, &saves);
+            let statement = || self.statement(ops, &round, &saves, attempt == 0);
             let rows = fetch_all_retrying(&mut connection, statement).await?;
             answers.take(&rows, &round)?;
             answers.answer_duplicates(&first_of_key);
@@ -380,8 +459,14 @@ impl Runner for ClaimsAndSaves {
 
 impl ClaimsAndSaves {
     /// One round's statement: the claims `round` of `ops`, with the saves `saves` when there
-    /// are any.
-    fn statement<'q>(&self, ops: &'q [Op], round: &[usize], saves: &[usize]) -> PgQuery<'q> {
+    /// are any (the first round only).
+    fn statement<'q>(
+        &self,
+        ops: &'q [Op],
+        round: &[usize],
+        saves: &[usize],
+        first_round: bool,
+    ) -> PgQuery<'q> {
         let claims = || {
             round.iter().filter_map(|&i| match &ops[i] {
                 Op::Claim(claim) => Some(claim),
@@ -391,10 +476,10 @@ impl ClaimsAndSaves {
         if round.is_empty() {
             return bind_saves(sqlx::query(self.complete_many.clone()), ops, saves);
         }
-        let statement = if saves.is_empty() {
-            self.claim_many.clone()
-        } else {
-            self.claim_and_complete_many.clone()
+        let statement = match (first_round, saves.is_empty()) {
+            (false, _) => self.claim_many.clone(),
+            (true, true) => self.claim_new_many.clone(),
+            (true, false) => self.claim_new_and_complete_many.clone(),
         };
         let mut query = sqlx::query(statement)
             .bind(claims().map(|c| c.key.0).collect::<Vec<_>>())
@@ -409,7 +494,7 @@ impl ClaimsAndSaves {
     }
 }
 
-/// Bind the saves `saves` of `ops` as the next five parameters: [`CLAIM_AND_COMPLETE_MANY`]'s `$6`
+/// Bind the saves `saves` of `ops` as the next five parameters: [`CLAIM_NEW_AND_COMPLETE_MANY`]'s `$6`
 /// to `$10`, [`COMPLETE_MANY`]'s `$1` to `$5`.
 fn bind_saves<'q>(query: PgQuery<'q>, ops: &'q [Op], saves: &[usize]) -> PgQuery<'q> {
     let (mut keys, mut tokens, mut statuses, mut headers, mut bodies) =
