@@ -194,8 +194,11 @@ async fn one_batch_answers_every_outcome<S: Batched>(store: S) {
     }
     if S::READS_OUTSIDE_THE_BATCH {
         // Each claim reads first, and its read's answer decides when it queues: the seven that
-        // need the write lock share batches as their reads come back.
-        assert_eq!(shared.entries, 7, "{shared:?}");
+        // need the write lock (expired, stale, fresh, both twins, both rivals) share batches as
+        // their reads come back. A second twin or rival whose read comes back after the first's
+        // batch committed is answered by its read, without the write lock: 5 to 7, never the
+        // three that a committed record answers.
+        assert!((5..=7).contains(&shared.entries), "{shared:?}");
     } else {
         assert_eq!(
             shared,
