@@ -33,17 +33,54 @@ use crate::store::{error::StoreErrorKind, record::FencingToken};
 /// before its entries are failed with [`StoreErrorKind::Conflict`].
 const CONFLICT_ATTEMPTS: usize = 3;
 
-/// The claim of many keys: see [`CLAIM_MANY`].
-macro_rules! claim_many_sql {
+/// The batch's entries as rows (`input`, numbered from 1 in the order bound), ending in a comma.
+macro_rules! claims_input_sql {
     () => {
-        concat!(
-            r#"
-WITH input AS (
+        r#"input AS (
     SELECT *
     FROM unnest($1::bytea[], $2::bytea[], $3::uuid[], $4::bigint[], $5::bigint[])
         WITH ORDINALITY AS i(key, fingerprint, token, lease_ms, ttl_ms, n)
 ),
-live AS (
+"#
+    };
+}
+
+/// The head of the claims' insert (`claimed`), up to its `FROM input`: the claiming statement
+/// adds which entries insert and what happens on a conflict.
+macro_rules! insert_claims_sql {
+    () => {
+        r#"claimed AS (
+    INSERT INTO idempotency_records AS r
+        (key, fingerprint, token, state, created_at, lease_until, expires_at)
+    SELECT
+        i.key, i.fingerprint, i.token, 'running', now(),
+        now() + i.lease_ms * interval '1 millisecond',
+        now() + i.ttl_ms * interval '1 millisecond'
+    FROM input AS i
+"#
+    };
+}
+
+/// The claimed entries' rows (`outcome = 'claimed'`, `taken_over` as `claimed` returned it),
+/// then `UNION ALL` for the rows of the entries answered by their record.
+macro_rules! claimed_rows_sql {
+    () => {
+        r#"SELECT i.n, 'claimed' AS outcome, c.taken_over, NULL::bigint AS lease_remaining_ms,
+       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
+FROM claimed AS c
+JOIN input AS i ON i.key = c.key
+UNION ALL
+"#
+    };
+}
+
+/// The claim of many keys: see [`CLAIM_MANY`].
+macro_rules! claim_many_sql {
+    () => {
+        concat!(
+            "\nWITH ",
+            claims_input_sql!(),
+            r#"live AS (
     SELECT i.n, l.fingerprint <> i.fingerprint AS mismatch, l.state, l.status, l.headers,
            l.body, l.lease_until
     FROM input AS i
@@ -53,15 +90,9 @@ live AS (
     WHERE l.expires_at > now()
       AND (l.fingerprint <> i.fingerprint OR l.state = 'done' OR l.lease_until > now())
 ),
-claimed AS (
-    INSERT INTO idempotency_records AS r
-        (key, fingerprint, token, state, created_at, lease_until, expires_at)
-    SELECT
-        i.key, i.fingerprint, i.token, 'running', now(),
-        now() + i.lease_ms * interval '1 millisecond',
-        now() + i.ttl_ms * interval '1 millisecond'
-    FROM input AS i
-    WHERE NOT EXISTS (SELECT FROM live WHERE live.n = i.n)
+"#,
+            insert_claims_sql!(),
+            r#"    WHERE NOT EXISTS (SELECT FROM live WHERE live.n = i.n)
     ORDER BY i.key
 "#,
             take_over_sql!(),
@@ -81,12 +112,9 @@ found AS (
     UNION ALL
     SELECT * FROM existing
 )
-SELECT i.n, 'claimed' AS outcome, c.taken_over, NULL::bigint AS lease_remaining_ms,
-       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
-FROM claimed AS c
-JOIN input AS i ON i.key = c.key
-UNION ALL
-SELECT n,
+"#,
+            claimed_rows_sql!(),
+            r#"SELECT n,
        CASE WHEN mismatch THEN 'mismatch' WHEN state = 'done' THEN 'done' ELSE 'in_flight' END,
        false,
        greatest(0, ceil(extract(epoch FROM lease_until - now()) * 1000))::bigint,
@@ -157,30 +185,16 @@ macro_rules! claim_new_many_sql {
         concat!(
             "\nWITH ",
             $before,
-            r#"
-input AS (
-    SELECT *
-    FROM unnest($1::bytea[], $2::bytea[], $3::uuid[], $4::bigint[], $5::bigint[])
-        WITH ORDINALITY AS i(key, fingerprint, token, lease_ms, ttl_ms, n)
-),
-claimed AS (
-    INSERT INTO idempotency_records AS r
-        (key, fingerprint, token, state, created_at, lease_until, expires_at)
-    SELECT
-        i.key, i.fingerprint, i.token, 'running', now(),
-        now() + i.lease_ms * interval '1 millisecond',
-        now() + i.ttl_ms * interval '1 millisecond'
-    FROM input AS i
-    ORDER BY i.key
+            "\n",
+            claims_input_sql!(),
+            insert_claims_sql!(),
+            r#"    ORDER BY i.key
     ON CONFLICT (key) DO NOTHING
-    RETURNING r.key
+    RETURNING r.key, false AS taken_over
 )
-SELECT i.n, 'claimed' AS outcome, false AS taken_over, NULL::bigint AS lease_remaining_ms,
-       NULL::integer AS status, NULL::bytea AS headers, NULL::bytea AS body
-FROM claimed AS c
-JOIN input AS i ON i.key = c.key
-UNION ALL
-SELECT i.n,
+"#,
+            claimed_rows_sql!(),
+            r#"SELECT i.n,
        CASE WHEN e.expires_at <= now() THEN 'again'
             WHEN e.fingerprint <> i.fingerprint THEN 'mismatch'
             WHEN e.state = 'done' THEN 'done'
