@@ -276,3 +276,46 @@ async fn crash_rolls_back_everything_and_the_retry_runs_at_once() {
     )
     .await;
 }
+
+/// A replay, a mismatch and a duplicate of a finished request are answered by a read that
+/// opens no transaction: with every connection of the application's pool held elsewhere, they
+/// still answer at once, and concurrent ones share the store's read statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn answers_from_committed_records_need_no_transaction() {
+    run(
+        "answers_from_committed_records_need_no_transaction",
+        async {
+            let store = store().await;
+            let (server, writes, pool) = serve_writes(store.clone()).await;
+            let first = send(server.post_key("/w/write", "w-read", ORDER)).await;
+            first.assert_executed(StatusCode::CREATED, 1);
+
+            let mut held = Vec::new();
+            for _ in 0..pool.options().get_max_connections() {
+                held.push(
+                    pool.acquire()
+                        .await
+                        .expect("a connection of the application's pool"),
+                );
+            }
+            let before = store.batch_stats();
+            let replays = futures_util::future::join_all(
+                (0..8).map(|_| send(server.post_key("/w/write", "w-read", ORDER))),
+            )
+            .await;
+            for replay in &replays {
+                replay.assert_replay_of(&first);
+            }
+            send(server.post_key("/w/write", "w-read", r#"{"other":true}"#))
+                .await
+                .assert_problem(StatusCode::UNPROCESSABLE_ENTITY);
+            let read = store.batch_stats() - before;
+            assert_eq!(read.entries, 9, "every answer was read: {read:?}");
+            drop(held);
+
+            assert_eq!(writes.executions.load(Ordering::SeqCst), 1);
+            assert_eq!(widgets(&pool).await, 1);
+        },
+    )
+    .await;
+}

@@ -24,7 +24,10 @@
 //! # }
 //! ```
 //!
-//! The layer begins the transaction before the handler runs and claims the key inside it,
+//! The layer first reads the key's committed record, outside any transaction and in one
+//! statement with the other requests reading at the same moment: a replay, a mismatch (422) or a
+//! key held under another mode's lease (409) is answered from it without a `BEGIN`. Otherwise
+//! the layer begins the transaction before the handler runs and claims the key inside it,
 //! under a transaction-scoped advisory lock on the key's hash taken without waiting
 //! (`pg_try_advisory_xact_lock`). The lock is the "running" marker: a duplicate that arrives
 //! meanwhile cannot take it and gets 409 at once (it never waits on the uncommitted row); a
@@ -50,8 +53,8 @@
 //!
 //! Details: a duplicate's `Retry-After` is 1 s (there is no lease to estimate from); wait mode
 //! polls every [`WAIT_POLL_INTERVAL`] (an uncommitted claim cannot be
-//! watched); replays and other answers that are not a claim cost a `BEGIN` more than in the other
-//! modes. The advisory lock key is the first 8 bytes of the key's SHA-256 hash: an application
+//! watched); a first-time key waits for that read before its `BEGIN`, a duplicate of a running
+//! attempt (no committed record yet) for the read and a `BEGIN`. The advisory lock key is the first 8 bytes of the key's SHA-256 hash: an application
 //! that takes advisory locks of its own on `bigint` keys shares that space (a collision makes a
 //! request wait for nothing and answer 409, never a wrong answer).
 
@@ -85,6 +88,11 @@ impl Mode<PostgresStore> for SingleCommit {
         store: &Arc<PostgresStore>,
         claim: &Claim,
     ) -> Result<(ClaimOutcome, Option<Self::RunState>), StoreError> {
+        // A committed record answers as it would inside the transaction; only a key with no
+        // live record needs the transaction and its claim.
+        if let Some(answer) = store.answer_without_claiming(claim).await? {
+            return Ok((answer, None));
+        }
         let tx = begin_transaction(TransactionalStore::pool(store.as_ref()), None).await?;
         let run = IdempotencyTransaction::open(tx);
         let outcome = {

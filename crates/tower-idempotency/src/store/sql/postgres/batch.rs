@@ -1,5 +1,5 @@
-//! The PostgreSQL store's group commit: the statements that claim, save, release and renew many
-//! keys at once, and the runners that feed them (see [`batch`](crate::store::sql::batch)).
+//! The PostgreSQL store's group commit: the statements that claim, save, release, renew and read
+//! many keys at once, and the runners that feed them (see [`batch`](crate::store::sql::batch)).
 //!
 //! Each statement takes its entries as arrays, one element per entry, joined back together with
 //! `unnest(..) WITH ORDINALITY`, and returns one row per entry it answered, numbered, so every
@@ -70,6 +70,30 @@ macro_rules! claimed_rows_sql {
 FROM claimed AS c
 JOIN input AS i ON i.key = c.key
 UNION ALL
+"#
+    };
+}
+
+/// Each entry of `input` answered by its record as this statement's snapshot sees it: `done`,
+/// `in_flight` or `mismatch` as a claim would answer, and `again` for a record a claim may
+/// overwrite (expired, or running with a lapsed lease and the same fingerprint). An entry with
+/// no record has no row. The primary key is probed once per entry (`LATERAL`), never joined.
+macro_rules! answers_sql {
+    () => {
+        r#"SELECT i.n,
+       CASE WHEN e.expires_at <= now() THEN 'again'
+            WHEN e.fingerprint <> i.fingerprint THEN 'mismatch'
+            WHEN e.state = 'done' THEN 'done'
+            WHEN e.lease_until > now() THEN 'in_flight'
+            ELSE 'again' END AS outcome,
+       false AS taken_over,
+       greatest(0, ceil(extract(epoch FROM e.lease_until - now()) * 1000))::bigint
+           AS lease_remaining_ms,
+       e.status, e.headers, e.body
+FROM input AS i
+CROSS JOIN LATERAL (
+    SELECT * FROM idempotency_records AS e WHERE e.key = i.key OFFSET 0
+) AS e
 "#
     };
 }
@@ -194,20 +218,9 @@ macro_rules! claim_new_many_sql {
 )
 "#,
             claimed_rows_sql!(),
-            r#"SELECT i.n,
-       CASE WHEN e.expires_at <= now() THEN 'again'
-            WHEN e.fingerprint <> i.fingerprint THEN 'mismatch'
-            WHEN e.state = 'done' THEN 'done'
-            WHEN e.lease_until > now() THEN 'in_flight'
-            ELSE 'again' END,
-       false,
-       greatest(0, ceil(extract(epoch FROM e.lease_until - now()) * 1000))::bigint,
-       e.status, e.headers, e.body
-FROM input AS i
-CROSS JOIN LATERAL (
-    SELECT * FROM idempotency_records AS e WHERE e.key = i.key OFFSET 0
-) AS e
-WHERE NOT EXISTS (SELECT FROM claimed WHERE claimed.key = i.key)
+            r#""#,
+            answers_sql!(),
+            r#"WHERE NOT EXISTS (SELECT FROM claimed WHERE claimed.key = i.key)
 "#,
             $after
         )
@@ -569,6 +582,72 @@ async fn fetch_all_retrying<'q>(
             }
             other => return other,
         }
+    }
+}
+
+/// What many claims would be answered by the records as they are committed, without claiming:
+/// [`answers_sql!`] over the entries' keys and fingerprints.
+const READ_MANY: &str = concat!(
+    r#"
+WITH input AS (
+    SELECT *
+    FROM unnest($1::bytea[], $2::bytea[]) WITH ORDINALITY AS i(key, fingerprint, n)
+)
+"#,
+    answers_sql!(),
+    "WHERE e.expires_at > now()\n"
+);
+
+/// Runs batches of reads (single-commit mode's look before it begins a transaction): each
+/// claim's answer from a committed record (replay, mismatch, in flight), or `None` where only a
+/// claim can answer (no record, an expired one, a lapsed lease). A read holds no lock and
+/// commits nothing, so it needs no undoing and a lone one runs in its request's task.
+pub(super) struct Reads {
+    connections: Arc<BatchConnections>,
+    /// [`READ_MANY`] for the store's table.
+    statement: SqlStr,
+}
+
+impl Reads {
+    pub(super) fn new(connections: Arc<BatchConnections>, table: &TableName) -> Self {
+        Self {
+            connections,
+            statement: table.statement(READ_MANY),
+        }
+    }
+}
+
+impl Runner for Reads {
+    type Entry = Claim;
+    type Output = Option<ClaimOutcome>;
+    const INLINE_WHEN_IDLE: bool = true;
+
+    async fn run(
+        &self,
+        claims: &[Claim],
+    ) -> Result<Vec<Result<Option<ClaimOutcome>, StoreError>>, StoreError> {
+        let mut connection = self.connections.acquire().await?;
+        let rows = sqlx::query(self.statement.clone())
+            .bind(claims.iter().map(|c| c.key.0).collect::<Vec<_>>())
+            .bind(claims.iter().map(|c| c.fingerprint.0).collect::<Vec<_>>())
+            .fetch_all(&mut *connection)
+            .await?;
+        self.connections.park(connection);
+        let mut answers: Vec<Option<ClaimOutcome>> = vec![None; claims.len()];
+        for row in &rows {
+            let n = usize::try_from(row.try_get::<i64, _>("n")? - 1).ok();
+            let answer = n
+                .and_then(|n| answers.get_mut(n))
+                .ok_or_else(|| StoreError::corrupt("the batch returned an unknown entry"))?;
+            if row.try_get::<&str, _>("outcome")? != "again" {
+                *answer = Some(Codec::claim_outcome(row)?);
+            }
+        }
+        Ok(answers.into_iter().map(Ok).collect())
+    }
+
+    fn failed(&self) {
+        self.connections.failed();
     }
 }
 

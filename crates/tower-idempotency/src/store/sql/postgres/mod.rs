@@ -49,8 +49,10 @@
 //! than one batch failing per dead connection in the pool. Nor are they pinged on their way back:
 //! a batch that succeeded keeps its connection for the next one (sqlx pings every connection it
 //! takes back into a pool). In single-commit mode the claim runs
-//! inside the handler's transaction, which no other request can share, so it is not batched; in
-//! transactional mode the claim is batched and the save stays in the handler's transaction.
+//! inside the handler's transaction, which no other request can share, so it is not batched;
+//! the read before it (a replay or a mismatch answered without a transaction) is, one
+//! `SELECT .. FROM unnest(..)` for every read queued meanwhile. In transactional mode the claim
+//! is batched and the save stays in the handler's transaction.
 //!
 //! # Migrations
 //!
@@ -110,7 +112,7 @@ pub(in crate::store) mod error;
 mod listener;
 mod queries;
 
-use batch::{Answer, Change, ClaimsAndSaves, Op, Write, WriteKind, Writes};
+use batch::{Answer, Change, ClaimsAndSaves, Op, Reads, Write, WriteKind, Writes};
 use listener::ListenerState;
 use queries::{Queries, NOTIFY};
 
@@ -152,6 +154,8 @@ struct Inner {
     claims_and_saves: Batcher<ClaimsAndSaves>,
     releases: Batcher<Writes>,
     renewals: Batcher<Writes>,
+    /// Single-commit mode's reads before its transaction.
+    reads: Batcher<Reads>,
     batches: Arc<Counters>,
     waiters: Arc<Waiters>,
     listener: Mutex<ListenerState>,
@@ -182,6 +186,11 @@ impl PostgresStore {
                 ),
                 releases: writes(WriteKind::Release),
                 renewals: writes(WriteKind::Renew),
+                reads: Batcher::new(
+                    Reads::new(connections.clone(), &table),
+                    batching,
+                    batches.clone(),
+                ),
                 batches,
                 pool,
                 connections,
@@ -353,6 +362,17 @@ async fn notify_if_watched(
 }
 
 impl PostgresStore {
+    /// What `claim` would be answered by a committed record (a replay, a mismatch, a key in
+    /// flight under a lease), read without claiming and without a transaction; `None` when only
+    /// a claim can answer. Concurrent reads share one statement (single-commit mode's look
+    /// before it begins the handler's transaction, so that a replay costs no `BEGIN`).
+    pub(crate) async fn answer_without_claiming(
+        &self,
+        claim: &Claim,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        self.inner.reads.submit(claim.clone()).await
+    }
+
     /// [`CLAIM_LOCKED`] in the transaction on `conn` (single-commit mode).
     pub(crate) async fn claim_in(
         &self,
