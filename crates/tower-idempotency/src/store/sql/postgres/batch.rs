@@ -218,7 +218,6 @@ macro_rules! claim_new_many_sql {
 )
 "#,
             claimed_rows_sql!(),
-            r#""#,
             answers_sql!(),
             r#"WHERE NOT EXISTS (SELECT FROM claimed WHERE claimed.key = i.key)
 "#,
