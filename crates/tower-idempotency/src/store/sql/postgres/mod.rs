@@ -206,8 +206,8 @@ impl PostgresStore {
 
     /// Close the connections the store's batches run on, for a clean shutdown: they are the
     /// store's own, beside the pool it was given, which stays yours to close. Operations after
-    /// this that need a batch (claims, saves, releases, renewals) fail as
-    /// [`StoreErrorKind::Unavailable`].
+    /// this that need a batch (claims, saves, releases, renewals, and single-commit mode's read
+    /// before its transaction) fail as [`StoreErrorKind::Unavailable`].
     ///
     /// ```no_run
     /// # async fn run(store: tower_idempotency::store::postgres::PostgresStore) {
@@ -229,7 +229,8 @@ sql_store!(
 
 /// The batches' connections: the application pool's options with generic plans forced, in a
 /// pool of the store's own (see [`connections`](crate::store::sql::connections)), at most four
-/// per pipeline slot.
+/// per pipeline slot: one for each kind of batch (claims and saves, releases, renewals, and
+/// single-commit mode's reads), each with its own slots.
 ///
 /// The batch statements take arrays, and PostgreSQL would otherwise plan every execution anew for
 /// the arrays' actual contents (a custom plan), which for the claim costs more than running it:
