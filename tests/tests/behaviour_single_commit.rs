@@ -28,7 +28,7 @@ use bytes::Bytes;
 use sqlx::PgPool;
 use tokio::sync::watch;
 use tower_idempotency::{
-    store::postgres::PostgresStore, Idempotency, IdempotencyKey, IdempotencyTransaction,
+    store::postgres::PostgresStore, Idempotency, IdempotencyKey, IdempotencyTransaction, RetryAfter,
 };
 use tower_idempotency_tests::suite::{self, send, serve_router, AppState, TestServer, ORDER};
 
@@ -114,12 +114,19 @@ async fn write(
 }
 
 async fn serve_writes(store: PostgresStore) -> (TestServer, Arc<Writes>, PgPool) {
-    let pool = store.pool().clone();
+    serve_writes_through(layer(store.clone()), store.pool().clone()).await
+}
+
+/// The `/w` handlers behind `layer`, a single-commit layer on `pool`'s database.
+async fn serve_writes_through(
+    layer: Idempotency<PostgresStore, tower_idempotency::SingleCommit>,
+    pool: PgPool,
+) -> (TestServer, Arc<Writes>, PgPool) {
     let writes = Arc::new(Writes::default());
     let router = Router::new()
         .route("/w/{what}", post(write))
         .with_state(writes.clone())
-        .layer(layer(store));
+        .layer(layer);
     (
         serve_router(router, Arc::new(AppState::default())).await,
         writes,
@@ -315,6 +322,61 @@ async fn answers_from_committed_records_need_no_transaction() {
 
             assert_eq!(writes.executions.load(Ordering::SeqCst), 1);
             assert_eq!(widgets(&pool).await, 1);
+        },
+    )
+    .await;
+}
+
+/// A key running under another instance's lease (standard mode on the same table) is in flight
+/// for single-commit mode too, answered from the committed record's lease, and once saved it is
+/// replayed: the read before the transaction answers both without claiming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_under_another_modes_lease_is_in_flight_until_its_answer_is_replayed() {
+    run(
+        "a_key_under_another_modes_lease_is_in_flight_until_its_answer_is_replayed",
+        async {
+            const LEASE: Duration = Duration::from_secs(30);
+            let store = store().await;
+            // A fixed Retry-After longer than the lease: the answer is capped by the lease the
+            // read found left.
+            let single_commit =
+                layer(store.clone()).with_retry_after(RetryAfter::Fixed(LEASE * 10));
+            let (single_commit, writes, _pool) =
+                serve_writes_through(single_commit, store.pool().clone()).await;
+            let entered = Arc::new(tokio::sync::Notify::new());
+            let release = Arc::new(tokio::sync::Notify::new());
+            let held = {
+                let (entered, release) = (entered.clone(), release.clone());
+                move || async move {
+                    entered.notify_one();
+                    release.notified().await;
+                    suite::answer(StatusCode::CREATED, 1, &Bytes::new())
+                }
+            };
+            let standard = Router::new()
+                .route("/w/{what}", post(held))
+                .layer(Idempotency::new(store).with_lease(LEASE));
+            let standard = serve_router(standard, Arc::new(AppState::default())).await;
+
+            let first = tokio::spawn(send(standard.post_key("/w/write", "w-lease", ORDER)));
+            tokio::time::timeout(suite::SIGNAL_TIMEOUT, entered.notified())
+                .await
+                .expect("the standard-mode handler never started");
+            let retry_after = send(single_commit.post_key("/w/write", "w-lease", ORDER))
+                .await
+                .assert_in_flight();
+            assert!(
+                retry_after > LEASE.as_secs() / 2 && retry_after <= LEASE.as_secs(),
+                "Retry-After {retry_after} is not the running record's lease"
+            );
+
+            release.notify_one();
+            let first = first.await.expect("the standard-mode request");
+            first.assert_executed(StatusCode::CREATED, 1);
+            send(single_commit.post_key("/w/write", "w-lease", ORDER))
+                .await
+                .assert_replay_of(&first);
+            assert_eq!(writes.executions.load(Ordering::SeqCst), 0);
         },
     )
     .await;
