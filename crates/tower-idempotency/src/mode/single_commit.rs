@@ -51,12 +51,13 @@
 //!   database: a rollback cannot undo them, and without a committed claim a retry of a crashed
 //!   attempt runs again at once.
 //!
-//! Details: a duplicate's `Retry-After` is 1 s (there is no lease to estimate from); wait mode
-//! polls every [`WAIT_POLL_INTERVAL`] (an uncommitted claim cannot be
-//! watched); a first-time key waits for that read before its `BEGIN`, a duplicate of a running
-//! attempt (no committed record yet) for the read and a `BEGIN`. The advisory lock key is the first 8 bytes of the key's SHA-256 hash: an application
-//! that takes advisory locks of its own on `bigint` keys shares that space (a collision makes a
-//! request wait for nothing and answer 409, never a wrong answer).
+//! Details: a duplicate of a running single-commit attempt gets `Retry-After: 1` (an
+//! uncommitted claim has no lease to estimate from) after the read and a `BEGIN`; wait mode polls
+//! every [`WAIT_POLL_INTERVAL`] (an uncommitted claim cannot be watched); a first-time key waits
+//! for the read before its `BEGIN`. The advisory lock key is the first 8 bytes of the key's
+//! SHA-256 hash: an application that takes advisory locks of its own on `bigint` keys shares
+//! that space (a collision makes a request wait for nothing and answer 409, never a wrong
+//! answer).
 
 use std::{sync::Arc, time::Duration};
 
