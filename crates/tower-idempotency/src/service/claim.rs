@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::Shared;
+use super::bundle::Shared;
 use crate::{
     config::WAIT_POLL_INTERVAL,
     fingerprint::Fingerprint,

@@ -12,12 +12,11 @@ use http::{Request, Response};
 use tracing::Instrument;
 
 use super::{
+    bundle::{pass_through, Answer, Flow, RunState, SharedOf},
     claim::{claim, Claimed},
-    pass_through,
     prepare::{prepare, read_key, Prepared},
     refuse, replay,
     run::{ClaimedRun, Lease},
-    Answer, Flow, RunState, SharedOf,
 };
 use crate::{
     body::{RequestBody, ResponseBody},
@@ -77,8 +76,8 @@ async fn guard<F: Flow>(
     match respond::<F>(&layer, prepared, token, claimed, &record) {
         Next::Answer(response) => Ok(response),
         Next::Run(run, req) => run.execute(inner, req).await,
-        Next::StoreFailed(prepared, err) => {
-            refuse::store_failed(inner, &layer.config, prepared, &err, &record).await
+        Next::StoreFailed(req, err) => {
+            refuse::store_failed(inner, &layer.config, req, &err, &record).await
         }
     }
 }
@@ -89,8 +88,8 @@ enum Next<F: Flow> {
     Answer(Response<ResponseBody<F::ResBody>>),
     /// The key is ours: the handler runs.
     Run(ClaimedRun<F>, Request<RequestBody<F::ReqBody>>),
-    /// The store failed: 503, or with fail-open the handler.
-    StoreFailed(Prepared, StoreError),
+    /// The store failed: 503, or with fail-open the handler (the request as it came).
+    StoreFailed(Request<RequestBody<F::ReqBody>>, StoreError),
 }
 
 /// Answer the claim's outcome.
@@ -116,7 +115,8 @@ fn respond<F: Flow>(
             ..
         }) => Next::Answer(refuse::in_flight(
             &layer.config,
-            &prepared,
+            &prepared.key_hash,
+            prepared.parts.uri.path(),
             lease_remaining,
             record,
         )),
@@ -128,7 +128,7 @@ fn respond<F: Flow>(
             outcome: ClaimOutcome::Done(saved),
             ..
         }) => Next::Answer(replay::replay(&layer.config, saved, record)),
-        Err(err) => Next::StoreFailed(prepared, err),
+        Err(err) => Next::StoreFailed(prepared.into_request(), err),
     }
 }
 

@@ -5,14 +5,14 @@
 //! One file per step of the flow: `prepare.rs` (key, body, fingerprint), `claim.rs` (the
 //! claim, or in wait mode the claims), `run.rs` (the handler under its heartbeat), `save.rs`
 //! (its answer saved, or the key released), `replay.rs` (a saved answer), `refuse.rs` (the
-//! answers the layer makes itself). The response future is here, beside the `Service` impl that
-//! makes it; what it needs to keep a claimed run going after a disconnect has its own file,
-//! `finish_on_drop.rs`.
+//! answers the layer makes itself). What the steps share (the `Flow` bundle of types, the store
+//! and settings, the inner service called as is) is in `bundle.rs`, below them all. The response
+//! future is here, beside the `Service` impl that makes it; what it needs to keep a claimed run
+//! going after a disconnect has its own file, `finish_on_drop.rs`.
 
 use std::{
     fmt,
     future::Future,
-    marker::PhantomData,
     panic::AssertUnwindSafe,
     pin::Pin,
     sync::Arc,
@@ -32,6 +32,7 @@ use crate::{
     store::Store,
 };
 
+mod bundle;
 mod claim;
 mod finish_on_drop;
 mod flow;
@@ -43,6 +44,7 @@ mod save;
 #[cfg(test)]
 mod tests;
 
+use bundle::{pass_through, Bundle, Shared};
 use finish_on_drop::{BoxFuture, FinishOnDrop};
 
 /// The middleware produced by [`Idempotency`](crate::Idempotency). See the crate docs for the request flow.
@@ -68,31 +70,12 @@ impl<S, St: Store> IdempotencyService<S, St> {
     }
 }
 
-/// What every request through one service shares: the store and the settings.
-pub(crate) struct Shared<St, M> {
-    pub(crate) store: Arc<St>,
-    pub(crate) config: Arc<Config>,
-    mode: PhantomData<fn() -> M>,
-}
-
-impl<St, M> Clone for Shared<St, M> {
-    fn clone(&self) -> Self {
-        Self {
-            store: self.store.clone(),
-            config: self.config.clone(),
-            mode: PhantomData,
-        }
-    }
-}
-
 impl<S, St, M> IdempotencyService<S, St, M> {
     pub(crate) fn from_parts(inner: S, store: Arc<St>, config: Arc<Config>) -> Self {
-        let layer = Shared {
-            store,
-            config,
-            mode: PhantomData,
-        };
-        Self { inner, layer }
+        Self {
+            inner,
+            layer: Shared::new(store, config),
+        }
     }
 
     /// The inner service.
@@ -129,65 +112,6 @@ impl<S: fmt::Debug, St: fmt::Debug, M> fmt::Debug for IdempotencyService<S, St, 
             .finish_non_exhaustive()
     }
 }
-
-/// The types one guarded request runs with, as one bundle: the flow's functions take `F: Flow`
-/// and name `F::Store`, `F::Mode`, `F::Inner` and the bodies, so the bounds are written here
-/// once. The guarded flow is sent to the runtime when a client disconnects, so everything in it
-/// is `Send + 'static`.
-trait Flow: 'static {
-    /// The wrapped service.
-    type Inner: Service<
-            Request<RequestBody<Self::ReqBody>>,
-            Response = Response<Self::ResBody>,
-            Error = Self::Error,
-            Future: Send + 'static,
-        > + Send
-        + 'static;
-    /// The wrapped service's error, which the layer returns unchanged.
-    type Error: Send + 'static;
-    /// Where keys are claimed and answers saved.
-    type Store: Store;
-    /// How a claimed run's answer is recorded.
-    type Mode: Mode<Self::Store>;
-    /// The request body, buffered before the claim.
-    type ReqBody: Body<Data: Send, Error: Into<BoxError>> + Send + 'static;
-    /// The handler's response body, collected and recorded.
-    type ResBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static;
-}
-
-/// The [`Flow`] of an `IdempotencyService<S, St, M>` over `Request<ReqBody>`; a type only, never
-/// a value.
-struct Bundle<S, St, M, ReqBody, ResBody>(PhantomData<Types<S, St, M, ReqBody, ResBody>>);
-
-/// The types a [`Bundle`] carries.
-type Types<S, St, M, ReqBody, ResBody> = fn() -> (S, St, M, ReqBody, ResBody);
-
-impl<S, St, M, ReqBody, ResBody> Flow for Bundle<S, St, M, ReqBody, ResBody>
-where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    St: Store,
-    M: Mode<St>,
-    ReqBody: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
-    ResBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static,
-{
-    type Inner = S;
-    type Error = S::Error;
-    type Store = St;
-    type Mode = M;
-    type ReqBody = ReqBody;
-    type ResBody = ResBody;
-}
-
-/// What a flow answers: the response, or the inner service's error.
-type Answer<F> = Result<Response<ResponseBody<<F as Flow>::ResBody>>, <F as Flow>::Error>;
-
-/// What every request of one flow shares.
-type SharedOf<F> = Shared<<F as Flow>::Store, <F as Flow>::Mode>;
-
-/// The run state of the flow's mode.
-type RunState<F> = <<F as Flow>::Mode as Mode<<F as Flow>::Store>>::RunState;
 
 // The public contract: the same bounds as `Bundle`'s, written out for users (a private trait in
 // a public bound would hide them from the docs and error messages).
@@ -289,15 +213,4 @@ impl<B, E> fmt::Debug for ResponseFuture<B, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
-}
-
-/// The request to the handler as it came, the answer as it goes.
-async fn pass_through<S, ReqBody, ResBody>(
-    mut inner: S,
-    req: Request<RequestBody<ReqBody>>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
-{
-    Ok(inner.call(req).await?.map(ResponseBody::inner))
 }

@@ -3,13 +3,13 @@
 //! claimed.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::CONTENT_LENGTH;
+use http::{header::CONTENT_LENGTH, Request};
 use http_body::Body;
 use http_body_util::BodyExt;
 
 use super::refuse::Refusal;
 use crate::{
-    body::BoxError,
+    body::{BoxError, RequestBody},
     config::Config,
     error::Rejection,
     fingerprint::Fingerprint,
@@ -48,6 +48,13 @@ pub(super) struct Prepared {
     pub(super) key: IdempotencyKey,
     pub(super) key_hash: KeyHash,
     pub(super) fingerprint: Fingerprint,
+}
+
+impl Prepared {
+    /// The request as it came, its body buffered: for the handler without a claim (fail-open).
+    pub(super) fn into_request<B>(self) -> Request<RequestBody<B>> {
+        Request::from_parts(self.parts, RequestBody::buffered(self.bytes))
+    }
 }
 
 /// Buffer the body, scope the key, fingerprint the request.

@@ -6,11 +6,12 @@ use std::time::Duration;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::{pass_through, prepare::Prepared};
+use super::bundle::pass_through;
 use crate::{
     body::{RequestBody, ResponseBody},
     config::Config,
     error::Rejection,
+    key::KeyHash,
     observe::{self, Outcome, RequestRecord},
     store::StoreError,
 };
@@ -46,7 +47,8 @@ impl Refusal {
 /// and the path's recent durations.
 pub(super) fn in_flight<B>(
     config: &Config,
-    prepared: &Prepared,
+    key_hash: &KeyHash,
+    path: &str,
     lease_remaining: Duration,
     record: &RequestRecord,
 ) -> Response<ResponseBody<B>> {
@@ -54,12 +56,10 @@ pub(super) fn in_flight<B>(
         Outcome::InFlight,
         &"the first attempt is still running: 409",
     );
-    let retry_after = config.durations.retry_after(
-        config.retry_after,
-        &prepared.key_hash,
-        prepared.parts.uri.path(),
-        lease_remaining,
-    );
+    let retry_after =
+        config
+            .durations
+            .retry_after(config.retry_after, key_hash, path, lease_remaining);
     reject(config, Rejection::InFlight { retry_after })
 }
 
@@ -77,7 +77,7 @@ pub(super) fn mismatch<B>(config: &Config, record: &RequestRecord) -> Response<R
 pub(super) async fn store_failed<S, ReqBody, ResBody>(
     inner: S,
     config: &Config,
-    prepared: Prepared,
+    req: Request<RequestBody<ReqBody>>,
     err: &StoreError,
     record: &RequestRecord,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
@@ -103,10 +103,5 @@ where
             observe::Chain(err)
         ),
     );
-    let Prepared { parts, bytes, .. } = prepared;
-    pass_through(
-        inner,
-        Request::from_parts(parts, RequestBody::buffered(bytes)),
-    )
-    .await
+    pass_through(inner, req).await
 }

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::{Answer, Flow, RunState, Shared};
+use super::bundle::{Answer, Flow, RunState, Shared};
 use crate::{
     body::{BoxError, RequestBody, ResponseBody},
     config::Config,
