@@ -7,7 +7,7 @@ use tower::retry::budget::{Budget, TpsBudget};
 
 use crate::{
     classify::{Classify, DefaultClassifier},
-    key::KeySource,
+    key::{KeyMode, KeyRules, KeySource},
 };
 
 /// The header that carries the key.
@@ -32,21 +32,6 @@ pub const DEFAULT_BUDGET_MIN_PER_SEC: u32 = 10;
 pub const DEFAULT_BUDGET_RETRY_RATIO: f32 = 0.2;
 /// The methods that get a generated key: the ones RFC 9110 does not call idempotent.
 pub const DEFAULT_KEYED_METHODS: [Method; 2] = [Method::POST, Method::PATCH];
-
-/// Which requests get a key.
-///
-/// A request that already carries an `Idempotency-Key` keeps it in every mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum KeyMode {
-    /// Add a random UUID (version 4) to requests of a keyed method that carry none. The default.
-    #[default]
-    UuidV4,
-    /// Add a time-ordered UUID (version 7), which some stores index more cheaply.
-    UuidV7,
-    /// Never add a key: only requests the caller keyed are retried; the others are sent once.
-    CallerProvided,
-}
 
 /// How retries are budgeted, so that a failing server does not receive more and more retries.
 #[derive(Clone)]
@@ -104,10 +89,7 @@ pub struct RetryConfig {
     pub(crate) attempt_timeout: Duration,
     pub(crate) deadline: Duration,
     pub(crate) budget: BudgetConfig,
-    pub(crate) key_mode: KeyMode,
-    pub(crate) keyed_methods: Vec<Method>,
-    pub(crate) header: HeaderName,
-    pub(crate) key_source: Option<Arc<dyn KeySource>>,
+    pub(crate) keys: KeyRules,
     pub(crate) classifier: Arc<dyn Classify>,
 }
 
@@ -120,10 +102,10 @@ impl fmt::Debug for RetryConfig {
             .field("attempt_timeout", &self.attempt_timeout)
             .field("deadline", &self.deadline)
             .field("budget", &self.budget)
-            .field("key_mode", &self.key_mode)
-            .field("keyed_methods", &self.keyed_methods)
-            .field("header", &self.header)
-            .field("key_source", &self.key_source.as_ref().map(|_| ".."))
+            .field("key_mode", &self.keys.mode)
+            .field("keyed_methods", &self.keys.methods)
+            .field("header", &self.keys.header)
+            .field("key_source", &self.keys.source.as_ref().map(|_| ".."))
             .field("classifier", &self.classifier)
             .finish()
     }
@@ -145,10 +127,12 @@ impl Default for RetryConfig {
                 min_per_sec: DEFAULT_BUDGET_MIN_PER_SEC,
                 retry_ratio: DEFAULT_BUDGET_RETRY_RATIO,
             },
-            key_mode: KeyMode::default(),
-            keyed_methods: DEFAULT_KEYED_METHODS.to_vec(),
-            header: IDEMPOTENCY_KEY,
-            key_source: None,
+            keys: KeyRules {
+                mode: KeyMode::default(),
+                methods: DEFAULT_KEYED_METHODS.to_vec(),
+                header: IDEMPOTENCY_KEY,
+                source: None,
+            },
             classifier: Arc::new(DefaultClassifier),
         }
     }
@@ -252,7 +236,7 @@ impl RetryConfig {
     /// let config = RetryConfig::default().with_key_mode(KeyMode::UuidV7);
     /// ```
     pub fn with_key_mode(mut self, mode: KeyMode) -> Self {
-        self.key_mode = mode;
+        self.keys.mode = mode;
         self
     }
 
@@ -265,7 +249,7 @@ impl RetryConfig {
     /// let config = RetryConfig::default().with_keyed_methods([Method::POST, Method::PATCH, Method::DELETE]);
     /// ```
     pub fn with_keyed_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.keyed_methods = methods.into_iter().collect();
+        self.keys.methods = methods.into_iter().collect();
         self
     }
 
@@ -278,14 +262,14 @@ impl RetryConfig {
     ///     .with_header_name(http::HeaderName::from_static("x-idempotency-key"));
     /// ```
     pub fn with_header_name(mut self, header: HeaderName) -> Self {
-        self.header = header;
+        self.keys.header = header;
         self
     }
 
     /// Take the key of a request that carries none from `source` instead of generating one
     /// (see [`KeySource`]): a key per intent that survives a restart of the process.
     pub fn with_key_source(mut self, source: impl KeySource) -> Self {
-        self.key_source = Some(Arc::new(source));
+        self.keys.source = Some(Arc::new(source));
         self
     }
 
@@ -376,6 +360,9 @@ pub enum ConfigError {
 
 #[cfg(test)]
 mod tests {
+    use http::{HeaderMap, HeaderValue};
+    use uuid::Uuid;
+
     use super::*;
 
     #[test]
@@ -423,5 +410,89 @@ mod tests {
                 .validate(),
             Err(ConfigError::InvalidBudget { .. })
         ));
+    }
+
+    // The key settings, as the retry loops apply them (`KeyRules::ensure_key`).
+
+    fn key_of(config: &RetryConfig, method: Method, headers: &mut HeaderMap) -> Option<Uuid> {
+        config
+            .keys
+            .ensure_key(&method, headers)
+            .map(|v| Uuid::parse_str(v.to_str().unwrap()).unwrap())
+    }
+
+    #[test]
+    fn keyed_methods_get_a_fresh_uuid_each() {
+        let config = RetryConfig::default();
+        let mut first = HeaderMap::new();
+        let mut second = HeaderMap::new();
+        let a = key_of(&config, Method::POST, &mut first).unwrap();
+        let b = key_of(&config, Method::PATCH, &mut second).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.get_version_num(), 4);
+        assert_eq!(first[IDEMPOTENCY_KEY], a.to_string());
+    }
+
+    #[test]
+    fn v7_keys_when_asked() {
+        let config = RetryConfig::default().with_key_mode(KeyMode::UuidV7);
+        let key = key_of(&config, Method::POST, &mut HeaderMap::new()).unwrap();
+        assert_eq!(key.get_version_num(), 7);
+    }
+
+    #[test]
+    fn the_callers_key_is_kept() {
+        let config = RetryConfig::default();
+        let mut headers = HeaderMap::new();
+        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("order-42"));
+        assert_eq!(
+            config.keys.ensure_key(&Method::GET, &mut headers).unwrap(),
+            "order-42"
+        );
+        assert_eq!(headers.get_all(IDEMPOTENCY_KEY).iter().count(), 1);
+    }
+
+    #[test]
+    fn another_header_name_and_a_key_source() {
+        let config = RetryConfig::default()
+            .with_header_name(http::HeaderName::from_static("x-request-key"))
+            .with_key_source(|_: &Method, headers: &HeaderMap| {
+                let row = headers.get("x-outbox-id")?.to_str().ok()?;
+                HeaderValue::from_str(&format!("outbox-{row}")).ok()
+            });
+        let mut headers = HeaderMap::new();
+        headers.insert("x-outbox-id", HeaderValue::from_static("42"));
+        assert_eq!(
+            config.keys.ensure_key(&Method::POST, &mut headers).unwrap(),
+            "outbox-42"
+        );
+        assert_eq!(headers["x-request-key"], "outbox-42");
+        assert!(headers.get(IDEMPOTENCY_KEY).is_none());
+        // The same row after a restart: the same key.
+        let mut again = HeaderMap::new();
+        again.insert("x-outbox-id", HeaderValue::from_static("42"));
+        assert_eq!(
+            config.keys.ensure_key(&Method::POST, &mut again).unwrap(),
+            "outbox-42"
+        );
+        // No row: unkeyed, sent once.
+        assert_eq!(
+            config.keys.ensure_key(&Method::POST, &mut HeaderMap::new()),
+            None
+        );
+    }
+
+    #[test]
+    fn no_key_for_other_methods_or_when_the_caller_provides_them() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(
+            RetryConfig::default()
+                .keys
+                .ensure_key(&Method::GET, &mut headers),
+            None
+        );
+        let caller = RetryConfig::default().with_key_mode(KeyMode::CallerProvided);
+        assert_eq!(caller.keys.ensure_key(&Method::POST, &mut headers), None);
+        assert!(headers.is_empty());
     }
 }

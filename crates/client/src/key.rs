@@ -1,11 +1,24 @@
 //! One key per intent: the caller's if it set one, else a fresh UUID for keyed methods.
 
-use http::{HeaderMap, HeaderValue, Method};
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use uuid::Uuid;
 
-#[cfg(test)]
-use crate::config::IDEMPOTENCY_KEY;
-use crate::config::{KeyMode, RetryConfig};
+/// Which requests get a key.
+///
+/// A request that already carries an `Idempotency-Key` keeps it in every mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum KeyMode {
+    /// Add a random UUID (version 4) to requests of a keyed method that carry none. The default.
+    #[default]
+    UuidV4,
+    /// Add a time-ordered UUID (version 7), which some stores index more cheaply.
+    UuidV7,
+    /// Never add a key: only requests the caller keyed are retried; the others are sent once.
+    CallerProvided,
+}
 
 /// Where an intent's key comes from, when the request carries none: for example a row of your
 /// outbox, so that a process that restarts retries the intent with the same key.
@@ -38,114 +51,44 @@ where
     }
 }
 
-/// The key this intent's attempts carry, added to `headers` if the policy generates one.
-///
-/// `None` means the request goes out without a key, so it must be sent once only.
-pub(crate) fn ensure_key(
-    config: &RetryConfig,
-    method: &Method,
-    headers: &mut HeaderMap,
-) -> Option<HeaderValue> {
-    if let Some(existing) = headers.get(&config.header) {
-        return Some(existing.clone());
-    }
-    if !config.keyed_methods.contains(method) {
-        return None;
-    }
-    if let Some(source) = &config.key_source {
-        let value = source.key(method, headers)?;
-        headers.insert(config.header.clone(), value.clone());
-        return Some(value);
-    }
-    let key = match config.key_mode {
-        KeyMode::UuidV4 => Uuid::new_v4(),
-        KeyMode::UuidV7 => Uuid::now_v7(),
-        KeyMode::CallerProvided => return None,
-    };
-    let value = HeaderValue::from_str(&key.hyphenated().to_string())
-        .expect("a hyphenated UUID is a valid header value");
-    headers.insert(config.header.clone(), value.clone());
-    Some(value)
+/// What decides an intent's key: the settings of [`RetryConfig`](crate::RetryConfig) that
+/// concern it.
+#[derive(Clone)]
+pub(crate) struct KeyRules {
+    pub(crate) mode: KeyMode,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) header: HeaderName,
+    pub(crate) source: Option<Arc<dyn KeySource>>,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key_of(config: &RetryConfig, method: Method, headers: &mut HeaderMap) -> Option<Uuid> {
-        ensure_key(config, &method, headers).map(|v| Uuid::parse_str(v.to_str().unwrap()).unwrap())
-    }
-
-    #[test]
-    fn keyed_methods_get_a_fresh_uuid_each() {
-        let config = RetryConfig::default();
-        let mut first = HeaderMap::new();
-        let mut second = HeaderMap::new();
-        let a = key_of(&config, Method::POST, &mut first).unwrap();
-        let b = key_of(&config, Method::PATCH, &mut second).unwrap();
-        assert_ne!(a, b);
-        assert_eq!(a.get_version_num(), 4);
-        assert_eq!(first[IDEMPOTENCY_KEY], a.to_string());
-    }
-
-    #[test]
-    fn v7_keys_when_asked() {
-        let config = RetryConfig::default().with_key_mode(KeyMode::UuidV7);
-        let key = key_of(&config, Method::POST, &mut HeaderMap::new()).unwrap();
-        assert_eq!(key.get_version_num(), 7);
-    }
-
-    #[test]
-    fn the_callers_key_is_kept() {
-        let config = RetryConfig::default();
-        let mut headers = HeaderMap::new();
-        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("order-42"));
-        assert_eq!(
-            ensure_key(&config, &Method::GET, &mut headers).unwrap(),
-            "order-42"
-        );
-        assert_eq!(headers.get_all(IDEMPOTENCY_KEY).iter().count(), 1);
-    }
-
-    #[test]
-    fn another_header_name_and_a_key_source() {
-        let config = RetryConfig::default()
-            .with_header_name(http::HeaderName::from_static("x-request-key"))
-            .with_key_source(|_: &Method, headers: &HeaderMap| {
-                let row = headers.get("x-outbox-id")?.to_str().ok()?;
-                HeaderValue::from_str(&format!("outbox-{row}")).ok()
-            });
-        let mut headers = HeaderMap::new();
-        headers.insert("x-outbox-id", HeaderValue::from_static("42"));
-        assert_eq!(
-            ensure_key(&config, &Method::POST, &mut headers).unwrap(),
-            "outbox-42"
-        );
-        assert_eq!(headers["x-request-key"], "outbox-42");
-        assert!(headers.get(IDEMPOTENCY_KEY).is_none());
-        // The same row after a restart: the same key.
-        let mut again = HeaderMap::new();
-        again.insert("x-outbox-id", HeaderValue::from_static("42"));
-        assert_eq!(
-            ensure_key(&config, &Method::POST, &mut again).unwrap(),
-            "outbox-42"
-        );
-        // No row: unkeyed, sent once.
-        assert_eq!(
-            ensure_key(&config, &Method::POST, &mut HeaderMap::new()),
-            None
-        );
-    }
-
-    #[test]
-    fn no_key_for_other_methods_or_when_the_caller_provides_them() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(
-            ensure_key(&RetryConfig::default(), &Method::GET, &mut headers),
-            None
-        );
-        let caller = RetryConfig::default().with_key_mode(KeyMode::CallerProvided);
-        assert_eq!(ensure_key(&caller, &Method::POST, &mut headers), None);
-        assert!(headers.is_empty());
+impl KeyRules {
+    /// The key this intent's attempts carry, added to `headers` if the rules generate one.
+    ///
+    /// `None` means the request goes out without a key, so it must be sent once only.
+    pub(crate) fn ensure_key(
+        &self,
+        method: &Method,
+        headers: &mut HeaderMap,
+    ) -> Option<HeaderValue> {
+        if let Some(existing) = headers.get(&self.header) {
+            return Some(existing.clone());
+        }
+        if !self.methods.contains(method) {
+            return None;
+        }
+        if let Some(source) = &self.source {
+            let value = source.key(method, headers)?;
+            headers.insert(self.header.clone(), value.clone());
+            return Some(value);
+        }
+        let key = match self.mode {
+            KeyMode::UuidV4 => Uuid::new_v4(),
+            KeyMode::UuidV7 => Uuid::now_v7(),
+            KeyMode::CallerProvided => return None,
+        };
+        let value = HeaderValue::from_str(&key.hyphenated().to_string())
+            .expect("a hyphenated UUID is a valid header value");
+        headers.insert(self.header.clone(), value.clone());
+        Some(value)
     }
 }

@@ -81,13 +81,13 @@ mod service;
 
 pub use classify::{is_transient, Classify, DefaultClassifier, Verdict};
 pub use config::{
-    ConfigError, KeyMode, RetryConfig, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_BASE_DELAY,
+    ConfigError, RetryConfig, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_BASE_DELAY,
     DEFAULT_BUDGET_MIN_PER_SEC, DEFAULT_BUDGET_RETRY_RATIO, DEFAULT_BUDGET_TTL, DEFAULT_DEADLINE,
     DEFAULT_KEYED_METHODS, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_DELAY, IDEMPOTENCY_KEY,
 };
 pub use error::{BoxError, Error};
 pub use future::ResponseFuture;
-pub use key::KeySource;
+pub use key::{KeyMode, KeySource};
 pub use layer::IdempotentRetryLayer;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]

@@ -8,7 +8,6 @@ use reqwest_middleware::{Middleware, Next};
 
 use crate::{
     config::{ConfigError, RetryConfig},
-    key::ensure_key,
     policy::{drive, Attempt, Ended, Policy},
     Attempts, Error, Verdict,
 };
@@ -100,7 +99,11 @@ impl Middleware for IdempotentRetryMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let method = request.method().clone();
-        let key = ensure_key(&self.policy.config, &method, request.headers_mut());
+        let key = self
+            .policy
+            .config
+            .keys
+            .ensure_key(&method, request.headers_mut());
         let replayable = request.try_clone().is_some();
         let intent = self.policy.start(key.is_some() && replayable);
         let attempt = ReqwestAttempt {

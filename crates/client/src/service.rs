@@ -13,7 +13,6 @@ use crate::{
     config::{ConfigError, RetryConfig},
     error::BoxError,
     future::ResponseFuture,
-    key::ensure_key,
     policy::{drive, Attempt, Ended, Intent, Policy},
     Error, Verdict,
 };
@@ -104,7 +103,11 @@ where
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let method = request.method().clone();
-        let key = ensure_key(&self.policy.config, &method, request.headers_mut());
+        let key = self
+            .policy
+            .config
+            .keys
+            .ensure_key(&method, request.headers_mut());
         let intent = self.policy.start(key.is_some());
         // The clone may not be ready; the ready one goes into the future (tower's "be careful
         // when cloning inner services").
