@@ -1,6 +1,9 @@
 //! The handlers the bench serves, bare and behind the layer, and the server that runs them.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use axum::{
     body::Bytes,
@@ -14,7 +17,10 @@ use serde::Deserialize;
 use sqlx::{MySql, MySqlPool, PgPool, Postgres, Sqlite, SqlitePool};
 use tower_idempotency::IdempotencyTransaction;
 
-use crate::{stores::RECORD_TTL, BoxError};
+use crate::BoxError;
+
+/// Records are kept this long, so a bench run leaves nothing behind for a day in Redis.
+pub const RECORD_TTL: Duration = Duration::from_secs(600);
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]

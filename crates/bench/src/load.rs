@@ -232,3 +232,8 @@ pub async fn send_each(
     }
     Ok(())
 }
+
+/// Microseconds as milliseconds with two decimals.
+pub fn ms(micros: u64) -> String {
+    format!("{:.2} ms", micros as f64 / 1000.0)
+}

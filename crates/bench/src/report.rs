@@ -6,14 +6,10 @@ use std::fmt::Write as _;
 use crate::{
     chart,
     cli::Settings,
+    load::ms,
     scenarios::{Row, LAYERED},
     wire::Counted,
 };
-
-/// Microseconds as milliseconds with two decimals.
-pub fn ms(micros: u64) -> String {
-    format!("{:.2} ms", micros as f64 / 1000.0)
-}
 
 /// The whole report, as Markdown tables.
 pub fn render(settings: &Settings, rows: &[Row], counted: &[Counted]) -> String {

@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 
 use crate::{
     cli::Settings,
-    load::{create_keys, drive, Keys, Measured},
+    load::{create_keys, drive, send_each, Keys, Measured},
     stores::{BatchSource, Batches, Route, Setup, Started, StoreKind},
     wire::{self, Counted},
     BoxError,
@@ -113,7 +113,7 @@ impl Bench {
             ..setup
         };
         if let Some(started) = store.start(&counted).await? {
-            let counts = wire::count(&self.client, &started, workers).await;
+            let counts = count(&self.client, &started, workers).await;
             started.stop().await?;
             self.counted.extend(counts?);
         }
@@ -197,8 +197,8 @@ impl Bench {
                 s.store,
                 s.name,
                 measured.per_second(),
-                crate::report::ms(measured.hist.value_at_quantile(0.5)),
-                crate::report::ms(measured.hist.value_at_quantile(0.99)),
+                crate::load::ms(measured.hist.value_at_quantile(0.5)),
+                crate::load::ms(measured.hist.value_at_quantile(0.99)),
                 measured.mix()
             );
             self.rows.push(Row {
@@ -211,4 +211,61 @@ impl Bench {
             });
         }
     }
+}
+
+/// Requests counted per scenario at one worker (more workers send more: ten each).
+const REQUESTS: usize = 200;
+
+/// Count the bare handlers' requests, and the first-time keys and replays of every mode, of a
+/// store started through the counting proxy, `workers` requests at a time.
+pub async fn count(
+    client: &reqwest::Client,
+    started: &Started,
+    workers: usize,
+) -> Result<Vec<Counted>, BoxError> {
+    let counter = started
+        .wire
+        .as_ref()
+        .ok_or("the store was not started through the counting proxy")?;
+    let mut scenarios = Vec::new();
+    for bare in &started.bare {
+        scenarios.push((format!("{} {}", started.store, bare.name), &bare.url, false));
+    }
+    for mode in &started.layered {
+        scenarios.push((format!("{} first-time keys", mode.label), &mode.url, false));
+        scenarios.push((format!("{} replays", mode.label), &mode.url, true));
+    }
+    let warm_workers = wire::connections(workers);
+    let requests = REQUESTS.max(10 * workers);
+    let mut out = Vec::new();
+    for (scenario, url, replay) in scenarios {
+        // Warm up: every connection prepares its statements.
+        let warm = create_keys(client, url, 10 * warm_workers, warm_workers).await?;
+        let keys: Arc<Vec<String>> = Arc::new(if replay {
+            (0..requests)
+                .map(|i| warm[i % warm.len()].clone())
+                .collect()
+        } else {
+            let run = uuid::Uuid::new_v4().simple().to_string();
+            (0..requests).map(|i| format!("{run}-c{i}")).collect()
+        });
+        let before = counter.snapshot();
+        send_each(client, url, &keys, workers).await?;
+        let used = counter.snapshot().since(before);
+        let per = |n: u64| n as f64 / requests as f64;
+        let counted = Counted {
+            workers,
+            scenario,
+            round_trips: per(used.round_trips),
+            statements: used.statements.map(per),
+        };
+        eprintln!(
+            "  {:<44} {:.2} round trips, {} statements per request ({workers} workers)",
+            counted.scenario,
+            counted.round_trips,
+            counted.statements.map_or("-".into(), |s| format!("{s:.2}"))
+        );
+        out.push(counted);
+    }
+    Ok(out)
 }

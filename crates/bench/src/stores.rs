@@ -26,8 +26,6 @@ use tower_idempotency::{
 
 use crate::{handlers, wire, BoxError};
 
-/// Records are kept this long, so a bench run leaves nothing behind for a day in Redis.
-pub const RECORD_TTL: Duration = Duration::from_secs(600);
 /// Records a memory store may hold in the bench: more first-time keys than a run sends.
 const MEMORY_CAPACITY: usize = 20_000_000;
 /// The database the PostgreSQL runs use, on the `DATABASE_URL` server.
@@ -255,7 +253,7 @@ async fn start_memory() -> Result<Started, BoxError> {
     // Room for every key of a run: past its capacity a memory store answers 503, which costs
     // less than a claim and would flatter the first-time ratio.
     let store = MemoryStore::with_capacity(MEMORY_CAPACITY);
-    let layer = Idempotency::new(store).with_ttl(RECORD_TTL);
+    let layer = Idempotency::new(store).with_ttl(handlers::RECORD_TTL);
     let url = handlers::serve(app().route_layer(layer).with_state(orders)).await?;
     Ok(Started {
         store: "memory",
@@ -301,7 +299,7 @@ async fn start_redis(route: Route) -> Result<Started, BoxError> {
             .with_state((orders.clone(), manager, Arc::from(prefix.as_str()))),
     )
     .await?;
-    let layer = Idempotency::new(store).with_ttl(RECORD_TTL);
+    let layer = Idempotency::new(store).with_ttl(handlers::RECORD_TTL);
     let url = handlers::serve(app().route_layer(layer).with_state(orders)).await?;
     Ok(Started {
         store: "redis",
@@ -339,7 +337,7 @@ async fn start_postgres(setup: &Setup, route: Route) -> Result<Started, BoxError
     let in_tx = || Router::new().route("/orders", post(handlers::pg_create_tx));
     // One store per mode, as an application would have.
     let stores: [PostgresStore; 3] = std::array::from_fn(|_| PostgresStore::new(pool.clone()));
-    let layer = |i: usize| Idempotency::new(stores[i].clone()).with_ttl(RECORD_TTL);
+    let layer = |i: usize| Idempotency::new(stores[i].clone()).with_ttl(handlers::RECORD_TTL);
     let bare = handlers::serve(on_pool()).await?;
     let transactional = handlers::serve(in_tx().route_layer(layer(0).transactional())).await?;
     let standard = handlers::serve(on_pool().route_layer(layer(1))).await?;
@@ -377,7 +375,7 @@ async fn start_sqlite() -> Result<Started, BoxError> {
         SqliteStore::new(pool.clone()),
         SqliteStore::new(records_pool.clone()),
     ];
-    let layer = |i: usize| Idempotency::new(stores[i].clone()).with_ttl(RECORD_TTL);
+    let layer = |i: usize| Idempotency::new(stores[i].clone()).with_ttl(handlers::RECORD_TTL);
     let on_pool = || {
         Router::new()
             .route("/orders", post(handlers::sqlite_create))
@@ -425,7 +423,7 @@ async fn start_mysql(setup: &Setup, route: Route) -> Result<Started, BoxError> {
             .with_state(pool.clone())
     };
     let stores: [MySqlStore; 2] = std::array::from_fn(|_| MySqlStore::new(pool.clone()));
-    let layer = |i: usize| Idempotency::new(stores[i].clone()).with_ttl(RECORD_TTL);
+    let layer = |i: usize| Idempotency::new(stores[i].clone()).with_ttl(handlers::RECORD_TTL);
     let bare = handlers::serve(on_pool()).await?;
     let transactional = handlers::serve(
         Router::new()

@@ -18,12 +18,6 @@ use std::{
 
 use fault_proxy::{FaultProxy, Watch};
 
-use crate::{
-    load::{create_keys, send_each},
-    stores::Started,
-    BoxError,
-};
-
 /// A running counting proxy to a store's server.
 #[derive(Debug, Clone)]
 pub struct Counter {
@@ -35,13 +29,13 @@ pub struct Counter {
 /// What a [`Counter`] counted up to some moment.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Snapshot {
-    round_trips: u64,
-    statements: Option<u64>,
+    pub round_trips: u64,
+    pub statements: Option<u64>,
 }
 
 impl Snapshot {
     /// What was counted between `earlier` and `self`.
-    fn since(self, earlier: Snapshot) -> Snapshot {
+    pub fn since(self, earlier: Snapshot) -> Snapshot {
         Snapshot {
             round_trips: self.round_trips - earlier.round_trips,
             statements: self.statements.zip(earlier.statements).map(|(a, b)| a - b),
@@ -81,7 +75,7 @@ impl Counter {
         self.proxy.addr()
     }
 
-    fn snapshot(&self) -> Snapshot {
+    pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             round_trips: self.proxy.traffic().round_trips,
             statements: self.statements.as_ref().map(|s| s.load(Ordering::SeqCst)),
@@ -139,9 +133,6 @@ impl Watch for PgMessages {
     }
 }
 
-/// Requests counted per scenario at one worker (more workers send more: ten each).
-const REQUESTS: usize = 200;
-
 /// Round trips and statements per request of one scenario at one worker count.
 #[derive(Debug, Clone)]
 pub struct Counted {
@@ -158,58 +149,4 @@ pub struct Counted {
 /// Pool connections of a counted run at `workers` (the warm-up opens and prepares every one).
 pub fn connections(workers: usize) -> usize {
     workers.max(4)
-}
-
-/// Count the bare handlers' requests, and the first-time keys and replays of every mode, of a
-/// store started through the counting proxy, `workers` requests at a time.
-pub async fn count(
-    client: &reqwest::Client,
-    started: &Started,
-    workers: usize,
-) -> Result<Vec<Counted>, BoxError> {
-    let counter = started
-        .wire
-        .as_ref()
-        .ok_or("the store was not started through the counting proxy")?;
-    let mut scenarios = Vec::new();
-    for bare in &started.bare {
-        scenarios.push((format!("{} {}", started.store, bare.name), &bare.url, false));
-    }
-    for mode in &started.layered {
-        scenarios.push((format!("{} first-time keys", mode.label), &mode.url, false));
-        scenarios.push((format!("{} replays", mode.label), &mode.url, true));
-    }
-    let warm_workers = connections(workers);
-    let requests = REQUESTS.max(10 * workers);
-    let mut out = Vec::new();
-    for (scenario, url, replay) in scenarios {
-        // Warm up: every connection prepares its statements.
-        let warm = create_keys(client, url, 10 * warm_workers, warm_workers).await?;
-        let keys: Arc<Vec<String>> = Arc::new(if replay {
-            (0..requests)
-                .map(|i| warm[i % warm.len()].clone())
-                .collect()
-        } else {
-            let run = uuid::Uuid::new_v4().simple().to_string();
-            (0..requests).map(|i| format!("{run}-c{i}")).collect()
-        });
-        let before = counter.snapshot();
-        send_each(client, url, &keys, workers).await?;
-        let used = counter.snapshot().since(before);
-        let per = |n: u64| n as f64 / requests as f64;
-        let counted = Counted {
-            workers,
-            scenario,
-            round_trips: per(used.round_trips),
-            statements: used.statements.map(per),
-        };
-        eprintln!(
-            "  {:<44} {:.2} round trips, {} statements per request ({workers} workers)",
-            counted.scenario,
-            counted.round_trips,
-            counted.statements.map_or("-".into(), |s| format!("{s:.2}"))
-        );
-        out.push(counted);
-    }
-    Ok(out)
 }
