@@ -14,13 +14,12 @@
 
 use std::future::Future;
 
+use serde::{Deserialize, Serialize};
 use sqlx::{Pool, Row};
 use tower_idempotency::{
     store::{mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, TransactionalStore},
     IdempotencyTransaction,
 };
-
-use crate::routes::Order;
 
 /// The most orders `GET /orders?customerId=` returns.
 pub(crate) const LIST_LIMIT: i64 = 1000;
@@ -51,6 +50,20 @@ const NUMBERED: Statements = Statements {
     orders_of: "SELECT order_id, customer_id, total_cents, status FROM orders \
          WHERE customer_id = $1 ORDER BY created_at, order_id LIMIT $2",
 };
+
+/// An order, as stored and as answered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Order {
+    /// A UUID string chosen by the server.
+    pub order_id: String,
+    /// Who placed it.
+    pub customer_id: String,
+    /// The amount, in cents, at least 1.
+    pub total_cents: i64,
+    /// `pending` on creation.
+    pub status: String,
+}
 
 /// MySQL: positional `?` placeholders, in the same order.
 const POSITIONAL: Statements = Statements {

@@ -68,11 +68,12 @@ mod server;
 mod telemetry;
 
 pub use admin::admin_routes;
+pub use backend::Order;
 pub use config::{AdminToken, Config, ConfigError, ServerConfig, Settings};
 pub use openapi::ApiDoc;
 pub use payment::PaymentProvider;
 pub use problem::{DbFault, Problem};
-pub use routes::{NewOrder, Order};
+pub use routes::NewOrder;
 pub use server::{serve, Shutdown};
 pub use telemetry::{metrics_handle, REQUEST_TIMEOUT};
 

@@ -4,7 +4,7 @@ use axum::Json;
 use serde::Serialize;
 use utoipa::{OpenApi, ToSchema};
 
-use crate::routes::{NewOrder, Order};
+use crate::{backend::Order, routes::NewOrder};
 
 /// An RFC 9457 problem document, as every error of the API is sent
 /// (`application/problem+json`).

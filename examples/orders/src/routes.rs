@@ -16,7 +16,11 @@ use serde::{Deserialize, Serialize};
 use sqlx::Pool;
 use tower_idempotency::{IdempotencyKey, IdempotencyTransaction};
 
-use crate::{backend::Backend, payment::PaymentProvider, problem::Problem};
+use crate::{
+    backend::{Backend, Order},
+    payment::PaymentProvider,
+    problem::Problem,
+};
 
 /// What a valid body of `POST /orders` looks like, quoted in error details.
 const EXAMPLE_BODY: &str = r#"{"customerId": "c_1", "totalCents": 4000}"#;
@@ -26,20 +30,6 @@ pub const MAX_CUSTOMER_ID_CHARS: usize = 255;
 
 /// How long `GET /healthz` waits for `SELECT 1`.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// An order, as stored and as answered.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Order {
-    /// A UUID string chosen by the server.
-    pub order_id: String,
-    /// Who placed it.
-    pub customer_id: String,
-    /// The amount, in cents, at least 1.
-    pub total_cents: i64,
-    /// `pending` on creation.
-    pub status: String,
-}
 
 /// The body of `POST /orders`: `{"customerId": "c_1", "totalCents": 4000}`.
 ///
