@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Prints the library's module graph (top-level modules of crates/tower-idempotency/src and what
-each one imports through `crate::`), and exits 1 if the graph has a cycle or if a module imports
-a sibling through a re-export of `lib.rs`.
+each one imports through `crate::`), and exits 1 if the graph has a cycle, if a module imports
+a sibling through a re-export of `lib.rs`, or if two files of any crate of the workspace import
+each other in a loop (file by file: `service/prepare.rs` and `service/refuse.rs` may not take
+names from each other, nor may three files in a ring). A file's ties to its own parent module
+and children (`mod.rs` and the files it declares) are the module tree itself, not a loop.
 
     python3 scripts/module-graph.py
 
@@ -17,7 +20,8 @@ import os
 import re
 import sys
 
-SRC = os.path.join(os.path.dirname(__file__), "..", "crates", "tower-idempotency", "src")
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+SRC = os.path.join(ROOT, "crates", "tower-idempotency", "src")
 
 
 def code_of(source):
@@ -88,20 +92,22 @@ def absolute(path, module_path, modules):
     return base + parts
 
 
-def load():
-    """{module path (tuple): code} for every file of the library."""
+def load(src=SRC):
+    """{module path (tuple): code} for every file of the crate whose sources are in `src`
+    (binaries under `bin/` are crates of their own, and left out)."""
     files = {}
-    for root, _, names in os.walk(SRC):
-        if "tests" in os.path.relpath(root, SRC).split(os.sep):
+    for root, _, names in os.walk(src):
+        folders = os.path.relpath(root, src).split(os.sep)
+        if "tests" in folders or folders[0] == "bin":
             continue
         for name in names:
             if not name.endswith(".rs") or name == "tests.rs":
                 continue
-            rel = os.path.relpath(os.path.join(root, name), SRC).removesuffix(".rs")
+            rel = os.path.relpath(os.path.join(root, name), src).removesuffix(".rs")
             parts = rel.split(os.sep)
             if parts[-1] == "mod":
                 parts = parts[:-1]
-            if parts == ["lib"]:
+            if parts in (["lib"], ["main"]):
                 parts = []
             with open(os.path.join(root, name), encoding="utf-8") as f:
                 files[tuple(parts)] = code_of(f.read())
@@ -152,6 +158,46 @@ def graph():
     return edges, sorted(set(through_lib))
 
 
+def defining_file(path, files, table, seen=()):
+    """The files a path from the root reaches: the deepest module file it names, and, where that
+    name is a `pub use`, the file the re-export leads to."""
+    cut = max(n for n in range(len(path) + 1) if tuple(path[:n]) in files)
+    module = tuple(path[:cut])
+    reached = {module}
+    if cut < len(path):
+        key = (module, path[cut])
+        if key in table and key not in seen:
+            reached |= defining_file(table[key] + path[cut + 1 :], files, table, seen + (key,))
+    return reached
+
+
+def file_graph(src):
+    """{file: files it takes names from} for one crate, ties along the module tree left out."""
+    files = load(src)
+    table = reexports(files)
+    edges = {}
+    for module, code in files.items():
+        paths = [absolute(p, list(module), files) for _, p, _ in uses(code)]
+        paths += [p.split("::") for p in re.findall(r"(?<![\w:])crate::((?:\w+::)*\w+)", code)]
+        deps = edges.setdefault(module, set())
+        for path in filter(None, paths):
+            for target in defining_file(path, files, table):
+                if target[: len(module)] != module and module[: len(target)] != target:
+                    deps.add(target)
+    return edges
+
+
+def crate_sources():
+    """The source folder of every crate of the workspace."""
+    found = []
+    for base in ("crates", "examples"):
+        for name in sorted(os.listdir(os.path.join(ROOT, base))):
+            src = os.path.join(ROOT, base, name, "src")
+            if os.path.isdir(src):
+                found.append(os.path.normpath(src))
+    return found
+
+
 def cycles(edges):
     found, state = [], {}
 
@@ -180,7 +226,17 @@ def main():
     for module, path in through_lib:
         print(f"through lib.rs: {module} uses {path}; name the module instead")
     print(f"{len(edges)} modules, {len(found)} cycles, {len(through_lib)} imports through lib.rs")
-    return 1 if found or through_lib else 0
+    loops, files = [], 0
+    for src in crate_sources():
+        graph_of_files = file_graph(src)
+        files += len(graph_of_files)
+        crate = os.path.relpath(os.path.dirname(src), ROOT)
+        for loop in cycles(graph_of_files):
+            names = [crate + "/src/" + ("/".join(m) or "lib/main") for m in loop]
+            loops.append(names)
+            print("file loop: " + " -> ".join(names))
+    print(f"{files} files in {len(crate_sources())} crates, {len(loops)} file loops")
+    return 1 if found or through_lib or loops else 0
 
 
 if __name__ == "__main__":
