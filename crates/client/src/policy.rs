@@ -7,6 +7,7 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use backon::{ExponentialBuilder, Retryable};
+use http::{HeaderMap, HeaderValue, Method};
 use tokio::time::Instant;
 use tower::{
     retry::budget::Budget,
@@ -43,6 +44,16 @@ impl Policy {
             config: Arc::new(config),
             budget,
         })
+    }
+
+    /// The key of the intent `headers` begin, added to them when the key rules make one (see
+    /// [`KeyRules::ensure_key`](crate::key::KeyRules::ensure_key)).
+    pub(crate) fn ensure_key(
+        &self,
+        method: &Method,
+        headers: &mut HeaderMap,
+    ) -> Option<HeaderValue> {
+        self.config.keys.ensure_key(method, headers)
     }
 
     /// Start an intent. Only a keyed intent may be retried, and only it feeds the budget.

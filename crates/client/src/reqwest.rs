@@ -99,11 +99,7 @@ impl Middleware for IdempotentRetryMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let method = request.method().clone();
-        let key = self
-            .policy
-            .config
-            .keys
-            .ensure_key(&method, request.headers_mut());
+        let key = self.policy.ensure_key(&method, request.headers_mut());
         let replayable = request.try_clone().is_some();
         let intent = self.policy.start(key.is_some() && replayable);
         let attempt = ReqwestAttempt {

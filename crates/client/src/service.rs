@@ -103,11 +103,7 @@ where
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let method = request.method().clone();
-        let key = self
-            .policy
-            .config
-            .keys
-            .ensure_key(&method, request.headers_mut());
+        let key = self.policy.ensure_key(&method, request.headers_mut());
         let intent = self.policy.start(key.is_some());
         // The clone may not be ready; the ready one goes into the future (tower's "be careful
         // when cloning inner services").
