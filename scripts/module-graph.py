@@ -5,6 +5,8 @@ a sibling through a re-export of `lib.rs`, or if two files of any crate of the w
 each other in a loop (file by file: `service/prepare.rs` and `service/refuse.rs` may not take
 names from each other, nor may three files in a ring). A file's ties to its own parent module
 and children (`mod.rs` and the files it declares) are the module tree itself, not a loop.
+Before it reads the workspace it checks itself on a planted crate (a loop it must see, a
+parent and child it must not call one), so a checker that stopped seeing loops fails too.
 
     python3 scripts/module-graph.py
 
@@ -216,7 +218,31 @@ def cycles(edges):
     return found
 
 
+def checker_sees_loops():
+    """The file check on a planted crate: two files that import each other are a loop; a
+    `mod.rs` and the child it imports from (and that imports from it) are not."""
+    import tempfile
+
+    planted = {
+        "lib.rs": "mod a;\nmod b;\nmod tree;\n",
+        "a.rs": "use crate::b::B;\npub struct A;\n",
+        "b.rs": "use crate::a::A;\npub struct B;\n",
+        "tree/mod.rs": "mod leaf;\nuse leaf::Leaf;\npub struct Root;\n",
+        "tree/leaf.rs": "use super::Root;\npub struct Leaf;\n",
+    }
+    with tempfile.TemporaryDirectory() as src:
+        for name, code in planted.items():
+            os.makedirs(os.path.dirname(os.path.join(src, name)), exist_ok=True)
+            with open(os.path.join(src, name), "w", encoding="utf-8") as f:
+                f.write(code)
+        found = cycles(file_graph(src))
+    return [sorted(loop[:-1]) for loop in found] == [[("a",), ("b",)]]
+
+
 def main():
+    if not checker_sees_loops():
+        print("the file check missed a planted loop, or saw one along the module tree")
+        return 1
     edges, through_lib = graph()
     for module in sorted(edges):
         print(f"{module} -> {', '.join(sorted(edges[module])) or '(nothing)'}")
