@@ -307,7 +307,9 @@ impl<St: Store, M> Idempotency<St, M> {
     }
 
     /// When the store cannot be reached, call the handler anyway (logging a warning) instead of
-    /// answering 503.
+    /// answering 503. The handler still gets the request's key (the
+    /// [`IdempotencyKey`](crate::IdempotencyKey) extractor works), so it can pass the key on to
+    /// a downstream API that deduplicates by it.
     ///
     /// # Warning
     ///

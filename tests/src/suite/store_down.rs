@@ -23,6 +23,7 @@ macro_rules! store_down_tests {
         $crate::store_down_tests! {@expand $mode;
             store_down_fails_closed,
             store_down_fail_open_calls_the_handler,
+            store_down_fail_open_hands_the_handler_its_key,
         }
     };
     (@expand [names]; $($name:ident),+ $(,)?) => {
@@ -66,6 +67,16 @@ pub async fn store_down_fail_open_calls_the_handler(store: impl Store) {
     send(server.order("down-2"))
         .await
         .assert_executed(StatusCode::CREATED, 2);
+}
+
+/// With an unreachable store and `.fail_open()`: the handler called without a claim still gets
+/// the request's key (its `IdempotencyKey` extractor finds it), to pass on downstream.
+pub async fn store_down_fail_open_hands_the_handler_its_key(store: impl Store) {
+    let server = serve(Idempotency::new(store).fail_open()).await;
+    send(server.order("down-3"))
+        .await
+        .assert_executed(StatusCode::CREATED, 1);
+    assert_eq!(server.state.executions_of("down-3"), 1);
 }
 
 /// A TCP proxy on `127.0.0.1:0` to `target`, to take a store "down" under a live client.

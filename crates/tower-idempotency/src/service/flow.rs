@@ -149,16 +149,9 @@ fn run_claimed<F: Flow>(
     } else {
         observe::record(Outcome::Claimed, &"key claimed; the handler runs");
     }
-    let Prepared {
-        mut parts,
-        bytes,
-        key,
-        ..
-    } = prepared;
-    let path = parts.uri.path().to_owned();
-    parts.extensions.insert(key);
-    let state = F::Mode::begin_run(&lease.store, &mut parts.extensions, claimed);
-    let req = Request::from_parts(parts, RequestBody::buffered(bytes));
+    let path = prepared.parts.uri.path().to_owned();
+    let mut req = prepared.into_request();
+    let state = F::Mode::begin_run(&lease.store, req.extensions_mut(), claimed);
     // If the client disconnects and the response future is dropped from here on, the rest of
     // the flow is handed to the runtime: the handler runs to the end and its answer is recorded.
     lease.record.finish_on_drop();

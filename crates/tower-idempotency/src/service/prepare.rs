@@ -51,9 +51,17 @@ pub(super) struct Prepared {
 }
 
 impl Prepared {
-    /// The request as it came, its body buffered: for the handler without a claim (fail-open).
+    /// The request for the handler: as it came, its body buffered, its key in the extensions
+    /// (for the [`IdempotencyKey`] extractor, with a claim or, fail-open, without one).
     pub(super) fn into_request<B>(self) -> Request<RequestBody<B>> {
-        Request::from_parts(self.parts, RequestBody::buffered(self.bytes))
+        let Self {
+            mut parts,
+            bytes,
+            key,
+            ..
+        } = self;
+        parts.extensions.insert(key);
+        Request::from_parts(parts, RequestBody::buffered(bytes))
     }
 }
 
