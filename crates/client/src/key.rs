@@ -23,9 +23,9 @@ pub enum KeyMode {
 /// Where an intent's key comes from, when the request carries none: for example a row of your
 /// outbox, so that a process that restarts retries the intent with the same key.
 ///
-/// Set it with [`RetryConfig::with_key_source`](crate::RetryConfig::with_key_source); it is asked only for requests of a keyed method
-/// that carry no key header. `None` sends the request unkeyed, once. Closures
-/// `Fn(&Method, &HeaderMap) -> Option<HeaderValue>` are key sources:
+/// Set it with [`RetryConfig::with_key_source`](crate::RetryConfig::with_key_source); it is
+/// asked only for requests of a keyed method that carry no key header. `None` sends the request
+/// unkeyed, once. Closures `Fn(&Method, &HeaderMap) -> Option<HeaderValue>` are key sources:
 ///
 /// ```
 /// use http::{HeaderMap, HeaderValue, Method};
