@@ -30,10 +30,15 @@ use axum::{
 };
 use fault_proxy::{CutPoint, FaultProxy};
 use serde_json::json;
-use sqlx::{mysql::MySqlPoolOptions, postgres::PgPoolOptions, MySql, MySqlPool, PgPool, Postgres};
+use sqlx::{
+    mysql::MySqlConnectOptions, pool::PoolOptions, postgres::PgConnectOptions, MySql, MySqlPool,
+    PgPool, Pool, Postgres,
+};
 use tokio::task::JoinHandle;
 use tower_idempotency::{
-    store::{mysql::MySqlStore, postgres::PostgresStore, redis::RedisStore, Store},
+    store::{
+        mysql::MySqlStore, postgres::PostgresStore, redis::RedisStore, Store, TransactionalStore,
+    },
     Idempotency, IdempotencyKey, IdempotencyTransaction, Mode, REPLAYED_HEADER,
 };
 use tower_idempotency_tests::{
@@ -103,75 +108,60 @@ async fn down_after_work(State(state): State<AppRef>, key: IdempotencyKey, _: By
     created(n)
 }
 
-/// `POST /work` (transactional mode): one row in `work` per execution, in the layer's transaction.
-async fn work_in_transaction(
+/// The `work` table's statements in a database's dialect.
+trait WorkTable: sqlx::Database {
+    /// Insert one row for `key` in the layer's transaction.
+    async fn insert_work(tx: IdempotencyTransaction<Self>, key: &str) -> Result<(), sqlx::Error>;
+}
+
+impl WorkTable for Postgres {
+    async fn insert_work(tx: IdempotencyTransaction<Self>, key: &str) -> Result<(), sqlx::Error> {
+        let mut tx = tx.begin().await?;
+        sqlx::query("INSERT INTO work (idem_key) VALUES ($1)")
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .map(drop)
+    }
+}
+
+impl WorkTable for MySql {
+    async fn insert_work(tx: IdempotencyTransaction<Self>, key: &str) -> Result<(), sqlx::Error> {
+        let mut tx = tx.begin().await?;
+        sqlx::query("INSERT INTO work (idem_key) VALUES (?)")
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .map(drop)
+    }
+}
+
+/// `POST /work` (PostgreSQL) and `POST /my-work` (MySQL), transactional mode: one row in `work`
+/// per execution, in the layer's transaction.
+async fn work_in_transaction<DB: WorkTable>(
     State(state): State<AppRef>,
     key: IdempotencyKey,
-    tx: IdempotencyTransaction<Postgres>,
+    tx: IdempotencyTransaction<DB>,
     _: Bytes,
 ) -> Response {
     let n = state.execute(&key);
-    let mut tx = match tx.begin().await {
-        Ok(tx) => tx,
-        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
-    };
-    let inserted = sqlx::query("INSERT INTO work (idem_key) VALUES ($1)")
-        .bind(key.as_str())
-        .execute(&mut *tx)
-        .await;
-    match inserted {
-        Ok(_) => created(n),
+    match DB::insert_work(tx, key.as_str()).await {
+        Ok(()) => created(n),
         Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }
 }
 
-/// `POST /work-then-slow` (transactional mode): the work, then on the first execution only, the
-/// store turns slow before the layer saves the answer in the transaction and commits.
-async fn work_then_slow(
+/// `POST /work-then-slow` and `POST /my-work-then-slow` (transactional mode): the work, then on
+/// the first execution only, the store turns slow before the layer saves the answer in the
+/// transaction and commits.
+async fn work_then_slow<DB: WorkTable>(
     state: State<AppRef>,
     key: IdempotencyKey,
-    tx: IdempotencyTransaction<Postgres>,
+    tx: IdempotencyTransaction<DB>,
     body: Bytes,
 ) -> Response {
     let (app, name) = (state.0.clone(), key.as_str().to_owned());
     let response = work_in_transaction(state, key, tx, body).await;
-    if app.executions_of(&name) == 1 {
-        app.proxy.set_latency(LATENCY);
-    }
-    response
-}
-
-/// `POST /my-work` (transactional mode, MySQL): [`work_in_transaction`] in MySQL's dialect.
-async fn my_work_in_transaction(
-    State(state): State<AppRef>,
-    key: IdempotencyKey,
-    tx: IdempotencyTransaction<MySql>,
-    _: Bytes,
-) -> Response {
-    let n = state.execute(&key);
-    let mut tx = match tx.begin().await {
-        Ok(tx) => tx,
-        Err(_) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
-    };
-    let inserted = sqlx::query("INSERT INTO work (idem_key) VALUES (?)")
-        .bind(key.as_str())
-        .execute(&mut *tx)
-        .await;
-    match inserted {
-        Ok(_) => created(n),
-        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
-    }
-}
-
-/// `POST /my-work-then-slow` (transactional mode, MySQL): [`work_then_slow`] in MySQL's dialect.
-async fn my_work_then_slow(
-    state: State<AppRef>,
-    key: IdempotencyKey,
-    tx: IdempotencyTransaction<MySql>,
-    body: Bytes,
-) -> Response {
-    let (app, name) = (state.0.clone(), key.as_str().to_owned());
-    let response = my_work_in_transaction(state, key, tx, body).await;
     if app.executions_of(&name) == 1 {
         app.proxy.set_latency(LATENCY);
     }
@@ -204,10 +194,10 @@ async fn serve<St: Store, M: Mode<St>>(
         .route("/orders", post(order))
         .route("/cut-after-work", post(cut_after_work))
         .route("/down-after-work", post(down_after_work))
-        .route("/work", post(work_in_transaction))
-        .route("/work-then-slow", post(work_then_slow))
-        .route("/my-work", post(my_work_in_transaction))
-        .route("/my-work-then-slow", post(my_work_then_slow))
+        .route(Postgres::WORK, post(work_in_transaction::<Postgres>))
+        .route(Postgres::WORK_THEN_SLOW, post(work_then_slow::<Postgres>))
+        .route(MySql::WORK, post(work_in_transaction::<MySql>))
+        .route(MySql::WORK_THEN_SLOW, post(work_then_slow::<MySql>))
         .layer(layer)
         .with_state(state.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -300,154 +290,178 @@ impl Server {
 // The backends, reached through the proxy
 // ------------------------------------------------------------------------------------------------
 
-/// A migrated PostgreSQL database of its own: `direct` for the test's checks, `proxied` (through
-/// `proxy`) for the layer and the handlers.
-struct Database {
-    direct: PgPool,
-    proxied: PgPool,
+/// A migrated database of its own: `direct` for the test's checks, `proxied` (through `proxy`)
+/// for the layer and the handlers.
+struct Proxied<DB: sqlx::Database> {
+    direct: Pool<DB>,
+    proxied: Pool<DB>,
     proxy: Arc<FaultProxy>,
 }
 
-async fn postgres(max_connections: u32) -> Database {
-    let direct = fresh_postgres_pool(4).await;
-    PostgresStore::new(direct.clone())
-        .migrate()
+/// What the tests need of a SQL database behind the proxy, in its dialect.
+trait Backend: WorkTable {
+    type Store: TransactionalStore<Database = Self>;
+    /// The routes of [`work_in_transaction`] and [`work_then_slow`] on this database.
+    const WORK: &'static str;
+    const WORK_THEN_SLOW: &'static str;
+
+    /// A fresh migrated database with a `work` table.
+    async fn fresh() -> Pool<Self>;
+    /// The host and port of `pool`'s server.
+    fn server(pool: &Pool<Self>) -> (String, u16);
+    /// `pool`'s options, reaching the same database through a proxy on `port`.
+    fn through_proxy(pool: &Pool<Self>, port: u16) -> ConnectOptionsOf<Self>;
+    /// The layer on `pool`.
+    fn layer(pool: Pool<Self>) -> Idempotency<Self::Store>;
+    /// Rows of `work` for `key`.
+    async fn work_rows(pool: &Pool<Self>, key: &str) -> i64;
+    /// Records with a saved answer.
+    async fn saved_records(pool: &Pool<Self>) -> i64;
+}
+
+type ConnectOptionsOf<DB> = <<DB as sqlx::Database>::Connection as sqlx::Connection>::Options;
+
+/// A proxy in front of the server at `target`.
+async fn proxy_to(target: impl tokio::net::ToSocketAddrs) -> Arc<FaultProxy> {
+    let target = tokio::net::lookup_host(target)
         .await
-        .expect("migrate");
-    sqlx::query("CREATE TABLE work (id bigserial PRIMARY KEY, idem_key text NOT NULL)")
+        .unwrap()
+        .next()
+        .unwrap();
+    Arc::new(FaultProxy::start(target).await.unwrap())
+}
+
+impl Backend for Postgres {
+    type Store = PostgresStore;
+    const WORK: &'static str = "/work";
+    const WORK_THEN_SLOW: &'static str = "/work-then-slow";
+
+    async fn fresh() -> PgPool {
+        let direct = fresh_postgres_pool(4).await;
+        PostgresStore::new(direct.clone())
+            .migrate()
+            .await
+            .expect("migrate");
+        sqlx::query("CREATE TABLE work (id bigserial PRIMARY KEY, idem_key text NOT NULL)")
+            .execute(&direct)
+            .await
+            .unwrap();
+        direct
+    }
+
+    fn server(pool: &PgPool) -> (String, u16) {
+        let options = pool.connect_options();
+        (options.get_host().to_owned(), options.get_port())
+    }
+
+    fn through_proxy(pool: &PgPool, port: u16) -> PgConnectOptions {
+        (*pool.connect_options())
+            .clone()
+            .host("127.0.0.1")
+            .port(port)
+    }
+
+    fn layer(pool: PgPool) -> Idempotency<PostgresStore> {
+        Idempotency::postgres(pool)
+    }
+
+    async fn work_rows(pool: &PgPool, key: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM work WHERE idem_key = $1")
+            .bind(key)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    async fn saved_records(pool: &PgPool) -> i64 {
+        sqlx::query_scalar(SAVED_RECORDS)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+}
+
+impl Backend for MySql {
+    type Store = MySqlStore;
+    const WORK: &'static str = "/my-work";
+    const WORK_THEN_SLOW: &'static str = "/my-work-then-slow";
+
+    async fn fresh() -> MySqlPool {
+        let direct = fresh_mysql_pool(4, Isolation::RepeatableRead).await;
+        MySqlStore::new(direct.clone())
+            .migrate()
+            .await
+            .expect("migrate");
+        sqlx::query(
+            "CREATE TABLE work (id BIGINT AUTO_INCREMENT PRIMARY KEY, idem_key VARCHAR(255) NOT NULL)",
+        )
         .execute(&direct)
         .await
         .unwrap();
-    let database: String = sqlx::query_scalar("SELECT current_database()")
-        .fetch_one(&direct)
-        .await
-        .unwrap();
-    let options = direct.connect_options();
-    let target = format!("{}:{}", options.get_host(), options.get_port());
-    let target = tokio::net::lookup_host(target)
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = Arc::new(FaultProxy::start(target).await.unwrap());
-    let proxied_options = (*options)
-        .clone()
-        .host("127.0.0.1")
-        .port(proxy.addr().port())
-        .database(&database);
-    let proxied = PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy_with(proxied_options);
-    Database {
-        direct,
-        proxied,
-        proxy,
-    }
-}
-
-impl Database {
-    async fn layer(&self) -> Idempotency<PostgresStore> {
-        Idempotency::postgres(self.proxied.clone()).with_lease(LEASE)
+        direct
     }
 
-    async fn work_rows(&self, key: &str) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM work WHERE idem_key = $1")
-            .bind(key)
-            .fetch_one(&self.direct)
-            .await
-            .unwrap()
+    fn server(pool: &MySqlPool) -> (String, u16) {
+        let options = pool.connect_options();
+        (options.get_host().to_owned(), options.get_port())
     }
 
-    async fn saved_records(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE state = 'done'")
-            .fetch_one(&self.direct)
-            .await
-            .unwrap()
+    fn through_proxy(pool: &MySqlPool, port: u16) -> MySqlConnectOptions {
+        (*pool.connect_options())
+            .clone()
+            .host("127.0.0.1")
+            .port(port)
     }
 
-    /// Wait until every connection of the proxied pool is back in it, idle.
-    async fn wait_pool_whole(&self, max_connections: u32) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let (size, idle) = (self.proxied.size(), self.proxied.num_idle() as u32);
-            assert!(
-                size <= max_connections,
-                "the pool grew past its bound: {size}"
-            );
-            if size == idle {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "connections never came back: {size} open, {idle} idle"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-/// A migrated MySQL database of its own: `direct` for the test's checks, `proxied` (through
-/// `proxy`) for the layer and the handlers.
-struct MySqlDatabase {
-    direct: MySqlPool,
-    proxied: MySqlPool,
-    proxy: Arc<FaultProxy>,
-}
-
-async fn mysql(max_connections: u32) -> MySqlDatabase {
-    let direct = fresh_mysql_pool(4, Isolation::RepeatableRead).await;
-    MySqlStore::new(direct.clone())
-        .migrate()
-        .await
-        .expect("migrate");
-    sqlx::query(
-        "CREATE TABLE work (id BIGINT AUTO_INCREMENT PRIMARY KEY, idem_key VARCHAR(255) NOT NULL)",
-    )
-    .execute(&direct)
-    .await
-    .unwrap();
-    let options = direct.connect_options();
-    let target = format!("{}:{}", options.get_host(), options.get_port());
-    let target = tokio::net::lookup_host(target)
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = Arc::new(FaultProxy::start(target).await.unwrap());
-    let proxied_options = (*options)
-        .clone()
-        .host("127.0.0.1")
-        .port(proxy.addr().port());
-    let proxied = MySqlPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(3))
-        .connect_lazy_with(proxied_options);
-    MySqlDatabase {
-        direct,
-        proxied,
-        proxy,
-    }
-}
-
-impl MySqlDatabase {
-    fn layer(&self) -> Idempotency<MySqlStore> {
-        Idempotency::mysql(self.proxied.clone()).with_lease(LEASE)
+    fn layer(pool: MySqlPool) -> Idempotency<MySqlStore> {
+        Idempotency::mysql(pool)
     }
 
-    async fn work_rows(&self, key: &str) -> i64 {
+    async fn work_rows(pool: &MySqlPool, key: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM work WHERE idem_key = ?")
             .bind(key)
-            .fetch_one(&self.direct)
+            .fetch_one(pool)
             .await
             .unwrap()
     }
 
-    async fn saved_records(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE state = 'done'")
-            .fetch_one(&self.direct)
+    async fn saved_records(pool: &MySqlPool) -> i64 {
+        sqlx::query_scalar(SAVED_RECORDS)
+            .fetch_one(pool)
             .await
             .unwrap()
+    }
+}
+
+/// Records with a saved answer, in any dialect.
+const SAVED_RECORDS: &str = "SELECT count(*) FROM idempotency_records WHERE state = 'done'";
+
+impl<DB: Backend> Proxied<DB> {
+    /// A fresh database, and a lazy pool of `max_connections` reaching it through a proxy.
+    async fn start(max_connections: u32) -> Self {
+        let direct = DB::fresh().await;
+        let proxy = proxy_to(DB::server(&direct)).await;
+        let proxied = PoolOptions::<DB>::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(3))
+            .connect_lazy_with(DB::through_proxy(&direct, proxy.addr().port()));
+        Self {
+            direct,
+            proxied,
+            proxy,
+        }
+    }
+
+    fn layer(&self) -> Idempotency<DB::Store> {
+        DB::layer(self.proxied.clone()).with_lease(LEASE)
+    }
+
+    async fn work_rows(&self, key: &str) -> i64 {
+        DB::work_rows(&self.direct, key).await
+    }
+
+    async fn saved_records(&self) -> i64 {
+        DB::saved_records(&self.direct).await
     }
 
     /// Wait until every connection of the proxied pool is back in it, idle.
@@ -474,16 +488,8 @@ impl MySqlDatabase {
 /// A Redis store under a fresh prefix, through its own proxy.
 async fn redis() -> (Idempotency<RedisStore>, Arc<FaultProxy>) {
     let url = redis_url();
-    let target = url
-        .trim_start_matches("redis://")
-        .trim_end_matches('/')
-        .to_owned();
-    let target = tokio::net::lookup_host(target)
-        .await
-        .unwrap()
-        .next()
-        .unwrap();
-    let proxy = Arc::new(FaultProxy::start(target).await.unwrap());
+    let target = url.trim_start_matches("redis://").trim_end_matches('/');
+    let proxy = proxy_to(target).await;
     let client = redis::Client::open(format!("redis://{}", proxy.addr())).unwrap();
     let store = RedisStore::lazy(client)
         .unwrap()
@@ -607,37 +613,35 @@ async fn after_the_latency_every_key_executes_once(server: &Server, keys: &[Stri
 }
 
 // ------------------------------------------------------------------------------------------------
-// PostgreSQL
+// The SQL faults, written once for PostgreSQL and MySQL
 // ------------------------------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_store_down_before_the_claim_is_503_and_recovers() {
-    let db = postgres(4).await;
-    let server = serve(db.layer().await, db.proxy.clone()).await;
+async fn store_down_before_the_claim_is_503_and_recovers<DB: Backend>() {
+    let db = Proxied::<DB>::start(4).await;
+    let server = serve(db.layer(), db.proxy.clone()).await;
     store_down_before_the_claim(&server, &db.proxy).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_cut_between_the_work_and_the_save_is_saved_on_a_new_connection() {
-    let db = postgres(4).await;
-    let server = serve(db.layer().await, db.proxy.clone()).await;
+async fn store_down_between_the_work_and_the_save_runs_nothing_twice_inside_the_lease<
+    DB: Backend,
+>() {
+    let db = Proxied::<DB>::start(4).await;
+    let server = serve(db.layer(), db.proxy.clone()).await;
+    store_down_between_the_work_and_the_save(&server, &db.proxy).await;
+}
+
+async fn cut_between_the_work_and_the_save_is_saved_on_a_new_connection<DB: Backend>() {
+    let db = Proxied::<DB>::start(4).await;
+    let server = serve(db.layer(), db.proxy.clone()).await;
     cut_between_the_work_and_the_save(&server, &db.proxy).await;
     assert_eq!(db.saved_records().await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_store_down_between_the_work_and_the_save_runs_nothing_twice_inside_the_lease() {
-    let db = postgres(4).await;
-    let server = serve(db.layer().await, db.proxy.clone()).await;
-    store_down_between_the_work_and_the_save(&server, &db.proxy).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_cut_before_the_commit_rolls_back_and_the_retry_runs_once() {
-    let db = postgres(4).await;
-    let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
+async fn cut_before_the_commit_rolls_back_and_the_retry_runs_once<DB: Backend>() {
+    let db = Proxied::<DB>::start(4).await;
+    let server = serve(db.layer().transactional(), db.proxy.clone()).await;
     db.proxy.cut_at("COMMIT", CutPoint::BeforeSending);
-    let first = server.post("/work", "commit-lost").await;
+    let first = server.post(DB::WORK, "commit-lost").await;
     assert_eq!(
         db.proxy.triggers_fired(),
         1,
@@ -652,20 +656,19 @@ async fn postgres_cut_before_the_commit_rolls_back_and_the_retry_runs_once() {
     assert_eq!(db.saved_records().await, 0);
 
     let retry = server
-        .retry_until("/work", "commit-lost", StatusCode::CREATED, 30)
+        .retry_until(DB::WORK, "commit-lost", StatusCode::CREATED, 30)
         .await;
     assert!(!retry.replayed);
-    assert!(server.post("/work", "commit-lost").await.replayed);
+    assert!(server.post(DB::WORK, "commit-lost").await.replayed);
     assert_eq!(db.work_rows("commit-lost").await, 1);
     assert_eq!(db.saved_records().await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_cut_after_the_commit_keeps_both_and_the_retry_replays() {
-    let db = postgres(4).await;
-    let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
+async fn cut_after_the_commit_keeps_both_and_the_retry_replays<DB: Backend>() {
+    let db = Proxied::<DB>::start(4).await;
+    let server = serve(db.layer().transactional(), db.proxy.clone()).await;
     db.proxy.cut_at("COMMIT", CutPoint::BeforeTheAnswer);
-    let first = server.post("/work", "answer-lost").await;
+    let first = server.post(DB::WORK, "answer-lost").await;
     assert_eq!(
         db.proxy.triggers_fired(),
         1,
@@ -681,17 +684,100 @@ async fn postgres_cut_after_the_commit_keeps_both_and_the_retry_replays() {
     );
     assert_eq!(db.saved_records().await, 1, "both: with its answer");
 
-    let retry = server.post("/work", "answer-lost").await;
+    let retry = server.post(DB::WORK, "answer-lost").await;
     assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
     assert!(retry.replayed, "the retry must replay the committed answer");
     assert_eq!(db.work_rows("answer-lost").await, 1);
     assert_eq!(server.state.executions_of("answer-lost"), 1);
 }
 
+async fn latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_connection<DB: Backend>() {
+    let max_connections = 4;
+    let db = Proxied::<DB>::start(max_connections).await;
+    let layer = db.layer().with_store_timeout(STORE_TIMEOUT);
+    let server = serve(layer, db.proxy.clone()).await;
+    // Warm the pool so the timeouts hit live connections, not only connection attempts.
+    assert_eq!(
+        server.post("/orders", "warm").await.status,
+        StatusCode::CREATED
+    );
+    let keys = latency_beyond_the_store_timeout(&server, &db.proxy).await;
+    db.wait_pool_whole(max_connections).await;
+    after_the_latency_every_key_executes_once(&server, &keys).await;
+    db.wait_pool_whole(max_connections).await;
+}
+
+async fn latency_at_the_commit_is_503_quickly_and_the_work_rolls_back<DB: Backend>() {
+    let max_connections = 4;
+    let db = Proxied::<DB>::start(max_connections).await;
+    let layer = db.layer().with_store_timeout(STORE_TIMEOUT).transactional();
+    let server = serve(layer, db.proxy.clone()).await;
+    let first = server.post(DB::WORK_THEN_SLOW, "slow-commit").await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert!(
+        first.elapsed < LATENCY,
+        "the slow save must time out, not wait: {:?}",
+        first.elapsed
+    );
+    db.proxy.restore();
+    db.wait_pool_whole(max_connections).await;
+    assert_eq!(
+        db.work_rows("slow-commit").await,
+        0,
+        "neither: the work rolled back"
+    );
+    assert_eq!(db.saved_records().await, 0);
+
+    // Its release timed out too: the key frees when the lease lapses, then runs once.
+    let tries = (LEASE.as_millis() / 200 + 20) as usize;
+    let retry = server
+        .retry_until(
+            DB::WORK_THEN_SLOW,
+            "slow-commit",
+            StatusCode::CREATED,
+            tries,
+        )
+        .await;
+    assert!(!retry.replayed);
+    assert_eq!(db.work_rows("slow-commit").await, 1);
+    assert_eq!(db.saved_records().await, 1);
+    db.wait_pool_whole(max_connections).await;
+}
+
+/// The SQL faults above as tests, once per backend (`postgres::cut_before_the_commit_..`).
+macro_rules! sql_fault_tests {
+    ($($backend:ident: $db:ty),+ $(,)?) => {$(
+        mod $backend {
+            use super::*;
+            sql_fault_tests!(@each $db =>
+                store_down_before_the_claim_is_503_and_recovers,
+                cut_between_the_work_and_the_save_is_saved_on_a_new_connection,
+                store_down_between_the_work_and_the_save_runs_nothing_twice_inside_the_lease,
+                cut_before_the_commit_rolls_back_and_the_retry_runs_once,
+                cut_after_the_commit_keeps_both_and_the_retry_replays,
+                latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_connection,
+                latency_at_the_commit_is_503_quickly_and_the_work_rolls_back,
+            );
+        }
+    )+};
+    (@each $db:ty => $($test:ident),+ $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $test() {
+            super::$test::<$db>().await;
+        }
+    )+};
+}
+
+sql_fault_tests!(postgres: Postgres, mysql: MySql);
+
+// ------------------------------------------------------------------------------------------------
+// PostgreSQL
+// ------------------------------------------------------------------------------------------------
+
 /// A transactional app on a pool of four, after one request, with every connection back idle.
-async fn warm_transactional_postgres() -> (Database, Server) {
-    let db = postgres(4).await;
-    let server = serve(db.layer().await.transactional(), db.proxy.clone()).await;
+async fn warm_transactional_postgres() -> (Proxied<Postgres>, Server) {
+    let db = Proxied::<Postgres>::start(4).await;
+    let server = serve(db.layer().transactional(), db.proxy.clone()).await;
     server.warm("/work").await;
     db.wait_pool_whole(4).await;
     (db, server)
@@ -747,29 +833,11 @@ async fn postgres_a_dead_idle_connection_does_not_fail_the_transaction() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn postgres_latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_connection() {
-    let max_connections = 4;
-    let db = postgres(max_connections).await;
-    let layer = db.layer().await.with_store_timeout(STORE_TIMEOUT);
-    let server = serve(layer, db.proxy.clone()).await;
-    // Warm the pool so the timeouts hit live connections, not only connection attempts.
-    assert_eq!(
-        server.post("/orders", "warm").await.status,
-        StatusCode::CREATED
-    );
-    let keys = latency_beyond_the_store_timeout(&server, &db.proxy).await;
-    db.wait_pool_whole(max_connections).await;
-    after_the_latency_every_key_executes_once(&server, &keys).await;
-    db.wait_pool_whole(max_connections).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
 async fn postgres_latency_in_wait_mode_is_503_quickly() {
     let max_connections = 4;
-    let db = postgres(max_connections).await;
+    let db = Proxied::<Postgres>::start(max_connections).await;
     let layer = db
         .layer()
-        .await
         .with_store_timeout(STORE_TIMEOUT)
         .wait_for_in_flight(Duration::from_secs(10));
     let server = serve(layer, db.proxy.clone()).await;
@@ -782,131 +850,18 @@ async fn postgres_latency_in_wait_mode_is_503_quickly() {
     after_the_latency_every_key_executes_once(&server, &keys).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn postgres_latency_at_the_commit_is_503_quickly_and_the_work_rolls_back() {
-    let max_connections = 4;
-    let db = postgres(max_connections).await;
-    let layer = db
-        .layer()
-        .await
-        .with_store_timeout(STORE_TIMEOUT)
-        .transactional();
-    let server = serve(layer, db.proxy.clone()).await;
-    let first = server.post("/work-then-slow", "slow-commit").await;
-    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
-    assert!(
-        first.elapsed < LATENCY,
-        "the slow save must time out, not wait: {:?}",
-        first.elapsed
-    );
-    db.proxy.restore();
-    db.wait_pool_whole(max_connections).await;
-    assert_eq!(
-        db.work_rows("slow-commit").await,
-        0,
-        "neither: the work rolled back"
-    );
-    assert_eq!(db.saved_records().await, 0);
-
-    // Its release timed out too: the key frees when the lease lapses, then runs once.
-    let tries = (LEASE.as_millis() / 200 + 20) as usize;
-    let retry = server
-        .retry_until("/work-then-slow", "slow-commit", StatusCode::CREATED, tries)
-        .await;
-    assert!(!retry.replayed);
-    assert_eq!(db.work_rows("slow-commit").await, 1);
-    assert_eq!(db.saved_records().await, 1);
-    db.wait_pool_whole(max_connections).await;
-}
-
 // ------------------------------------------------------------------------------------------------
 // MySQL (MariaDB)
 // ------------------------------------------------------------------------------------------------
-
-#[tokio::test(flavor = "multi_thread")]
-async fn mysql_store_down_before_the_claim_is_503_and_recovers() {
-    let db = mysql(4).await;
-    let server = serve(db.layer(), db.proxy.clone()).await;
-    store_down_before_the_claim(&server, &db.proxy).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn mysql_cut_between_the_work_and_the_save_is_saved_on_a_new_connection() {
-    let db = mysql(4).await;
-    let server = serve(db.layer(), db.proxy.clone()).await;
-    cut_between_the_work_and_the_save(&server, &db.proxy).await;
-    assert_eq!(db.saved_records().await, 1);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn mysql_store_down_between_the_work_and_the_save_runs_nothing_twice_inside_the_lease() {
-    let db = mysql(4).await;
-    let server = serve(db.layer(), db.proxy.clone()).await;
-    store_down_between_the_work_and_the_save(&server, &db.proxy).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn mysql_cut_before_the_commit_rolls_back_and_the_retry_runs_once() {
-    let db = mysql(4).await;
-    let server = serve(db.layer().transactional(), db.proxy.clone()).await;
-    db.proxy.cut_at("COMMIT", CutPoint::BeforeSending);
-    let first = server.post("/my-work", "commit-lost").await;
-    assert_eq!(
-        db.proxy.triggers_fired(),
-        1,
-        "no COMMIT went through the proxy"
-    );
-    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
-    assert_eq!(
-        db.work_rows("commit-lost").await,
-        0,
-        "neither: the work rolled back"
-    );
-    assert_eq!(db.saved_records().await, 0);
-
-    let retry = server
-        .retry_until("/my-work", "commit-lost", StatusCode::CREATED, 30)
-        .await;
-    assert!(!retry.replayed);
-    assert!(server.post("/my-work", "commit-lost").await.replayed);
-    assert_eq!(db.work_rows("commit-lost").await, 1);
-    assert_eq!(db.saved_records().await, 1);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn mysql_cut_after_the_commit_keeps_both_and_the_retry_replays() {
-    let db = mysql(4).await;
-    let server = serve(db.layer().transactional(), db.proxy.clone()).await;
-    db.proxy.cut_at("COMMIT", CutPoint::BeforeTheAnswer);
-    let first = server.post("/my-work", "answer-lost").await;
-    assert_eq!(
-        db.proxy.triggers_fired(),
-        1,
-        "no COMMIT went through the proxy"
-    );
-    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
-    assert_eq!(
-        db.work_rows("answer-lost").await,
-        1,
-        "both: the work committed"
-    );
-    assert_eq!(db.saved_records().await, 1, "both: with its answer");
-
-    let retry = server.post("/my-work", "answer-lost").await;
-    assert_eq!(retry.status, StatusCode::CREATED, "{retry:?}");
-    assert!(retry.replayed, "the retry must replay the committed answer");
-    assert_eq!(db.work_rows("answer-lost").await, 1);
-    assert_eq!(server.state.executions_of("answer-lost"), 1);
-}
 
 /// Connections that died idle in the pool (killed by the server) fail only their own first
 /// statement: the claim's read runs again on a connection checked out as the pool's options
 /// say, the handler's transaction begins on one, and the request succeeds, once.
 #[tokio::test(flavor = "multi_thread")]
 async fn mysql_dead_idle_connections_do_not_fail_the_claim_or_the_transaction() {
-    let db = mysql(4).await;
+    let db = Proxied::<MySql>::start(4).await;
     let server = serve(db.layer().transactional(), db.proxy.clone()).await;
-    server.warm("/my-work").await;
+    server.warm(MySql::WORK).await;
     db.wait_pool_whole(4).await;
     let idle = "SELECT id FROM information_schema.processlist
                 WHERE db = DATABASE() AND command = 'Sleep' AND id <> CONNECTION_ID()";
@@ -939,64 +894,11 @@ async fn mysql_dead_idle_connections_do_not_fail_the_claim_or_the_transaction() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let reply = server.post("/my-work", "after-the-kill").await;
+    let reply = server.post(MySql::WORK, "after-the-kill").await;
     assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
     assert!(!reply.replayed);
     assert_eq!(db.work_rows("after-the-kill").await, 1);
     assert_eq!(server.state.executions_of("after-the-kill"), 1);
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn mysql_latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_connection() {
-    let max_connections = 4;
-    let db = mysql(max_connections).await;
-    let layer = db.layer().with_store_timeout(STORE_TIMEOUT);
-    let server = serve(layer, db.proxy.clone()).await;
-    assert_eq!(
-        server.post("/orders", "warm").await.status,
-        StatusCode::CREATED
-    );
-    let keys = latency_beyond_the_store_timeout(&server, &db.proxy).await;
-    db.wait_pool_whole(max_connections).await;
-    after_the_latency_every_key_executes_once(&server, &keys).await;
-    db.wait_pool_whole(max_connections).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn mysql_latency_at_the_commit_is_503_quickly_and_the_work_rolls_back() {
-    let max_connections = 4;
-    let db = mysql(max_connections).await;
-    let layer = db.layer().with_store_timeout(STORE_TIMEOUT).transactional();
-    let server = serve(layer, db.proxy.clone()).await;
-    let first = server.post("/my-work-then-slow", "slow-commit").await;
-    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
-    assert!(
-        first.elapsed < LATENCY,
-        "the slow save must time out, not wait: {:?}",
-        first.elapsed
-    );
-    db.proxy.restore();
-    db.wait_pool_whole(max_connections).await;
-    assert_eq!(
-        db.work_rows("slow-commit").await,
-        0,
-        "neither: the work rolled back"
-    );
-    assert_eq!(db.saved_records().await, 0);
-
-    let tries = (LEASE.as_millis() / 200 + 20) as usize;
-    let retry = server
-        .retry_until(
-            "/my-work-then-slow",
-            "slow-commit",
-            StatusCode::CREATED,
-            tries,
-        )
-        .await;
-    assert!(!retry.replayed);
-    assert_eq!(db.work_rows("slow-commit").await, 1);
-    assert_eq!(db.saved_records().await, 1);
-    db.wait_pool_whole(max_connections).await;
 }
 
 // ------------------------------------------------------------------------------------------------
