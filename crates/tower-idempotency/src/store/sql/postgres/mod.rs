@@ -110,8 +110,9 @@
 //! With `pgbench`, each save one batch after its claim
 //! (`crates/bench/pgbench/batch_claims_and_saves_insert_first.sql`), 6% of the saves were HOT at
 //! the default fill, 55% at 70 and 86% at 50, for 4% and 14% more statements per second. With the
-//! bench's quick handler the layer ran slower at 50 (the inserts spread over twice the pages for
-//! few more HOT saves), so the migrations keep PostgreSQL's default. Compare `n_tup_hot_upd` with
+//! bench's quick handler the layer gained nothing at 50 (lower in three runs of three, within the
+//! bench's spread: the inserts spread over twice the pages for few more HOT saves), so the
+//! migrations keep PostgreSQL's default. Compare `n_tup_hot_upd` with
 //! `n_tup_upd` in `pg_stat_user_tables` before and after.
 
 use std::{
