@@ -359,52 +359,53 @@ async fn key_names_carry_the_hash_tag() {
     );
 }
 
+/// The kind of error a claim of a new key meets when the key's record is the hash `fields`
+/// (expiring in a minute), written behind the store's back.
+async fn claim_over_hash(store: &RedisStore, fields: &[(&str, &str)]) -> StoreErrorKind {
+    let mut conn = raw().await;
+    let key = random_key();
+    let mut hset = redis::cmd("HSET");
+    hset.arg(store.record_key(&key));
+    for (field, value) in fields {
+        hset.arg(*field).arg(*value);
+    }
+    hset.query_async::<()>(&mut conn).await.unwrap();
+    expire_soon(&mut conn, &store.record_key(&key)).await;
+    let err = store
+        .claim(&claim_of(key, "a", LONG, DAY))
+        .await
+        .unwrap_err();
+    err.kind()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_corrupt_record_is_an_error_not_a_panic() {
     let store = store().await;
-    let mut conn = raw().await;
+    let fp = fingerprint("a").to_hex();
+    let far = (i64::MAX / 2).to_string();
 
-    let key = random_key();
-    redis::cmd("HSET")
-        .arg(store.record_key(&key))
-        .arg("fp")
-        .arg(fingerprint("a").to_hex())
-        .arg("state")
-        .arg("bogus")
-        .arg("expires_at")
-        .arg(i64::MAX / 2)
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
-    expire_soon(&mut conn, &store.record_key(&key)).await;
-    let err = store
-        .claim(&claim_of(key, "a", LONG, DAY))
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::Corrupt);
-
-    let key = random_key();
-    redis::cmd("HSET")
-        .arg(store.record_key(&key))
-        .arg("fp")
-        .arg(fingerprint("a").to_hex())
-        .arg("state")
-        .arg("done")
-        .arg("expires_at")
-        .arg(i64::MAX / 2)
-        .arg("status")
-        .arg("not a number")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
-    expire_soon(&mut conn, &store.record_key(&key)).await;
-    let err = store
-        .claim(&claim_of(key, "a", LONG, DAY))
-        .await
-        .unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+    let bogus_state = [
+        ("fp", fp.as_str()),
+        ("state", "bogus"),
+        ("expires_at", &far),
+    ];
+    assert_eq!(
+        claim_over_hash(&store, &bogus_state).await,
+        StoreErrorKind::Corrupt
+    );
+    let bad_status = [
+        ("fp", fp.as_str()),
+        ("state", "done"),
+        ("expires_at", &far),
+        ("status", "not a number"),
+    ];
+    assert_eq!(
+        claim_over_hash(&store, &bad_status).await,
+        StoreErrorKind::Corrupt
+    );
 
     // Not even a hash: the script fails with WRONGTYPE.
+    let mut conn = raw().await;
     let key = random_key();
     redis::cmd("SET")
         .arg(store.record_key(&key))
