@@ -32,9 +32,6 @@ use tower_idempotency::{
 };
 use tower_idempotency_tests::suite::{self, send, serve_router, AppState, TestServer, ORDER};
 
-/// No test may take longer than this, whatever hangs.
-const TEST_TIMEOUT: Duration = Duration::from_secs(60);
-
 async fn store() -> PostgresStore {
     let store = PostgresStore::new(tower_idempotency_tests::fresh_postgres_pool(16).await);
     store.migrate().await.expect("migrate the fresh database");
@@ -135,7 +132,7 @@ async fn serve_writes_through(
 }
 
 async fn run<F: std::future::Future<Output = ()>>(name: &str, f: F) {
-    suite::bounded(TEST_TIMEOUT, name, f).await;
+    tower_idempotency_tests::contract::bounded(name, f).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -70,13 +70,7 @@ macro_rules! store_contract_tests {
         &[$(stringify!($name)),+]
     };
     (@expand [tests $store:expr]; $($name:ident),+ $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let store = $store;
-                $crate::contract::bounded(stringify!($name), $crate::contract::$name(store)).await;
-            }
-        )+
+        $crate::bounded_tests!($store; $($name => $crate::contract::$name),+);
     };
 }
 
@@ -111,7 +105,7 @@ impl Retention for tower_idempotency::store::redis::RedisStore {
     const EXPIRES_BY_ITSELF: bool = true;
 }
 
-/// No contract test may take longer than this, whatever hangs.
+/// No test of this crate's lists may take longer than this, whatever hangs.
 pub const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// A lease or retention that never runs out during a test.
 pub const LONG: Duration = Duration::from_secs(60);
@@ -120,11 +114,33 @@ pub const DAY: Duration = Duration::from_secs(24 * 3600);
 /// How far past a lease or an expiry a test waits, so the store's clock has passed it too.
 pub const MARGIN: Duration = Duration::from_millis(100);
 
-/// Run a contract test, failing it with its name when it does not finish in [`TEST_TIMEOUT`].
+/// Run a test, failing it with its name when it does not finish in [`TEST_TIMEOUT`].
 pub async fn bounded<T>(what: &str, test: impl Future<Output = T>) -> T {
-    tokio::time::timeout(TEST_TIMEOUT, test)
+    within(TEST_TIMEOUT, what, test).await
+}
+
+/// Run `f` with a bound; panics with `what` when it does not finish in `limit`.
+pub async fn within<T>(limit: Duration, what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, f)
         .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {TEST_TIMEOUT:?}"))
+        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
+}
+
+/// One `#[tokio::test]` per `name => body`, each running `body(store)` on a store `$store` makes
+/// (an expression, evaluated inside the test), bounded by [`TEST_TIMEOUT`]: the expansion the
+/// crate's test lists share.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! bounded_tests {
+    ($store:expr; $($name:ident => $body:path),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let store = $store;
+                $crate::contract::bounded(stringify!($name), $body(store)).await;
+            }
+        )+
+    };
 }
 
 /// A key no other test uses.

@@ -64,7 +64,7 @@ pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced<St: Store, F: Fl
     };
     let stale_calls = if contract.claim_committed_first {
         // answered at once, while the new holder still runs
-        let fenced = bounded(SIGNAL_TIMEOUT, "the stale holder's calls", stale_calls).await;
+        let fenced = within(SIGNAL_TIMEOUT, "the stale holder's calls", stale_calls).await;
         assert_eq!(fenced, [Fenced::Lost; 3]);
         None
     } else {
@@ -78,7 +78,7 @@ pub async fn lapsed_lease_is_taken_over_and_stale_holder_fenced<St: Store, F: Fl
     let new_answer = retry.await.unwrap();
     new_answer.assert_executed(StatusCode::CREATED, 1);
     if let Some(stale_calls) = stale_calls {
-        let fenced = bounded(SIGNAL_TIMEOUT, "the stale holder's calls", stale_calls)
+        let fenced = within(SIGNAL_TIMEOUT, "the stale holder's calls", stale_calls)
             .await
             .expect("the stale holder's calls panicked");
         assert_eq!(fenced, [Fenced::Lost; 3]);

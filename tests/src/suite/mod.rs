@@ -155,26 +155,16 @@ macro_rules! behaviour_tests {
         &[$(stringify!($name)),+]
     };
     (@expand [tests $store:expr, $flavour:ident]; $($module:ident :: $name:ident),+ $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let store = $store;
-                $crate::suite::bounded(
-                    $crate::suite::TEST_TIMEOUT,
-                    stringify!($name),
-                    $crate::suite::$module::$name::<_, $crate::suite::flavour::$flavour>(store),
-                )
-                .await;
-            }
-        )+
+        $crate::bounded_tests!($store; $(
+            $name => $crate::suite::$module::$name::<_, $crate::suite::flavour::$flavour>
+        ),+);
     };
 }
 
 /// The behaviours [`behaviour_tests!`](crate::behaviour_tests) instantiates, by name.
 pub const BEHAVIOURS: &[&str] = crate::behaviour_tests!(@names);
 
-/// No behaviour test may take longer than this, whatever hangs.
-pub const TEST_TIMEOUT: Duration = Duration::from_secs(60);
+pub use crate::contract::{within, TEST_TIMEOUT};
 pub mod store_down;
 pub mod transactional;
 
@@ -621,13 +611,6 @@ pub async fn raw_http(addr: SocketAddr, request: &[u8]) -> String {
     })
     .await
     .expect("raw HTTP exchange timed out")
-}
-
-/// Run `f` with a bound; panics with `what` when it does not finish in `limit`.
-pub async fn bounded<T>(limit: Duration, what: &str, f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(limit, f)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
 }
 
 #[cfg(test)]

@@ -30,18 +30,7 @@ macro_rules! store_down_tests {
         &[$(stringify!($name)),+]
     };
     (@expand [tests $store:expr]; $($name:ident),+ $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let store = $store;
-                $crate::suite::bounded(
-                    $crate::suite::TEST_TIMEOUT,
-                    stringify!($name),
-                    $crate::suite::store_down::$name(store),
-                )
-                .await;
-            }
-        )+
+        $crate::bounded_tests!($store; $($name => $crate::suite::store_down::$name),+);
     };
 }
 

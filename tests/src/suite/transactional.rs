@@ -42,18 +42,7 @@ macro_rules! transactional_tests {
         &[$(stringify!($name)),+]
     };
     (@expand [tests $store:expr]; $($name:ident),+ $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let store = $store;
-                $crate::suite::bounded(
-                    $crate::suite::TEST_TIMEOUT,
-                    stringify!($name),
-                    $crate::suite::transactional::$name(store),
-                )
-                .await;
-            }
-        )+
+        $crate::bounded_tests!($store; $($name => $crate::suite::transactional::$name),+);
     };
 }
 
@@ -77,10 +66,7 @@ pub trait Widgets: sqlx::Database {
     /// `COMMIT` fails. `None` where the database has no deferred constraints (MySQL).
     fn insert_orphan(
         tx: &IdempotencyTransaction<Self>,
-    ) -> Option<impl Future<Output = Result<(), sqlx::Error>> + Send> {
-        let _ = tx;
-        None::<std::future::Ready<Result<(), sqlx::Error>>>
-    }
+    ) -> Option<impl Future<Output = Result<(), sqlx::Error>> + Send>;
     /// How many rows the table holds (committed ones).
     fn count(pool: &sqlx::Pool<Self>) -> impl Future<Output = i64> + Send;
     /// Simulate a takeover of every running record behind the holder's back: a new token and a
@@ -111,118 +97,72 @@ where
     Ok(())
 }
 
-impl Widgets for sqlx::Postgres {
-    async fn create_table(pool: &sqlx::PgPool) {
-        sqlx::query(CREATE_WIDGETS).execute(pool).await.unwrap();
-        sqlx::raw_sql(CREATE_DEFERRED).execute(pool).await.unwrap();
-    }
+/// The [`Widgets`] of one database: the three differ only in the insert's placeholder, the
+/// take-over statement and whether constraints can be deferred.
+macro_rules! widgets {
+    ($db:ty, insert: $insert:literal, steal: $steal:literal, deferred: $deferred:literal) => {
+        impl Widgets for $db {
+            async fn create_table(pool: &sqlx::Pool<Self>) {
+                sqlx::query(CREATE_WIDGETS).execute(pool).await.unwrap();
+                if $deferred {
+                    sqlx::raw_sql(CREATE_DEFERRED).execute(pool).await.unwrap();
+                }
+            }
 
-    fn insert_orphan(
-        tx: &IdempotencyTransaction<Self>,
-    ) -> Option<impl Future<Output = Result<(), sqlx::Error>> + Send> {
-        Some(insert_orphan_in(tx.clone()))
-    }
+            fn insert_orphan(
+                tx: &IdempotencyTransaction<Self>,
+            ) -> Option<impl Future<Output = Result<(), sqlx::Error>> + Send> {
+                $deferred.then(|| insert_orphan_in(tx.clone()))
+            }
 
-    async fn insert(tx: &IdempotencyTransaction<Self>, note: &str) -> Result<(), sqlx::Error> {
-        let mut tx = tx.begin().await?;
-        sqlx::query("INSERT INTO widgets (note) VALUES ($1)")
-            .bind(note)
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
-    }
+            async fn insert(
+                tx: &IdempotencyTransaction<Self>,
+                note: &str,
+            ) -> Result<(), sqlx::Error> {
+                let mut tx = tx.begin().await?;
+                sqlx::query($insert).bind(note).execute(&mut *tx).await?;
+                Ok(())
+            }
 
-    async fn count(pool: &sqlx::PgPool) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM widgets")
-            .fetch_one(pool)
-            .await
-            .unwrap()
-    }
+            async fn count(pool: &sqlx::Pool<Self>) -> i64 {
+                sqlx::query_scalar("SELECT count(*) FROM widgets")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            }
 
-    async fn steal_running(pool: &sqlx::PgPool) {
-        let stolen = sqlx::query(
-            "UPDATE idempotency_records SET token = gen_random_uuid(), \
-             lease_until = now() - interval '1 second' WHERE state = 'running'",
-        )
-        .execute(pool)
-        .await
-        .unwrap();
-        assert_eq!(stolen.rows_affected(), 1);
-    }
+            async fn steal_running(pool: &sqlx::Pool<Self>) {
+                let stolen = sqlx::query($steal).execute(pool).await.unwrap();
+                assert_eq!(stolen.rows_affected(), 1);
+            }
+        }
+    };
 }
 
-impl Widgets for sqlx::Sqlite {
-    async fn create_table(pool: &sqlx::SqlitePool) {
-        sqlx::query(CREATE_WIDGETS).execute(pool).await.unwrap();
-        sqlx::raw_sql(CREATE_DEFERRED).execute(pool).await.unwrap();
-    }
+widgets!(
+    sqlx::Postgres,
+    insert: "INSERT INTO widgets (note) VALUES ($1)",
+    steal: "UPDATE idempotency_records SET token = gen_random_uuid(), \
+        lease_until = now() - interval '1 second' WHERE state = 'running'",
+    deferred: true
+);
 
-    fn insert_orphan(
-        tx: &IdempotencyTransaction<Self>,
-    ) -> Option<impl Future<Output = Result<(), sqlx::Error>> + Send> {
-        Some(insert_orphan_in(tx.clone()))
-    }
+widgets!(
+    sqlx::Sqlite,
+    insert: "INSERT INTO widgets (note) VALUES (?)",
+    steal: "UPDATE idempotency_records SET token = randomblob(16), lease_until = 0 \
+        WHERE state = 'running'",
+    deferred: true
+);
 
-    async fn insert(tx: &IdempotencyTransaction<Self>, note: &str) -> Result<(), sqlx::Error> {
-        let mut tx = tx.begin().await?;
-        sqlx::query("INSERT INTO widgets (note) VALUES (?)")
-            .bind(note)
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
-    }
-
-    async fn count(pool: &sqlx::SqlitePool) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM widgets")
-            .fetch_one(pool)
-            .await
-            .unwrap()
-    }
-
-    async fn steal_running(pool: &sqlx::SqlitePool) {
-        let stolen = sqlx::query(
-            "UPDATE idempotency_records SET token = randomblob(16), lease_until = 0 \
-             WHERE state = 'running'",
-        )
-        .execute(pool)
-        .await
-        .unwrap();
-        assert_eq!(stolen.rows_affected(), 1);
-    }
-}
-
-impl Widgets for sqlx::MySql {
-    async fn create_table(pool: &sqlx::MySqlPool) {
-        sqlx::query(CREATE_WIDGETS).execute(pool).await.unwrap();
-    }
-
-    async fn insert(tx: &IdempotencyTransaction<Self>, note: &str) -> Result<(), sqlx::Error> {
-        let mut tx = tx.begin().await?;
-        sqlx::query("INSERT INTO widgets (note) VALUES (?)")
-            .bind(note)
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
-    }
-
-    async fn count(pool: &sqlx::MySqlPool) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM widgets")
-            .fetch_one(pool)
-            .await
-            .unwrap()
-    }
-
-    async fn steal_running(pool: &sqlx::MySqlPool) {
-        let stolen = sqlx::query(
-            "UPDATE idempotency_records SET token = UNHEX(REPLACE(UUID(), '-', '')), \
-             lease_until = 0 WHERE state = 'running'",
-        )
-        .execute(pool)
-        .await
-        .unwrap();
-        assert_eq!(stolen.rows_affected(), 1);
-    }
-}
+// MySQL checks foreign keys at once: it has no deferred constraints.
+widgets!(
+    sqlx::MySql,
+    insert: "INSERT INTO widgets (note) VALUES (?)",
+    steal: "UPDATE idempotency_records SET token = UNHEX(REPLACE(UUID(), '-', '')), \
+        lease_until = 0 WHERE state = 'running'",
+    deferred: false
+);
 
 /// `POST /tx/flaky`: writes a row in the transaction; answers 503 on its first execution and 201
 /// after. `POST /tx/write`: writes a row, 201. `POST /tx/none`: never begins the transaction, 201.
