@@ -30,10 +30,7 @@ use axum::{
 };
 use fault_proxy::{CutPoint, FaultProxy};
 use serde_json::json;
-use sqlx::{
-    mysql::MySqlConnectOptions, pool::PoolOptions, postgres::PgConnectOptions, MySql, MySqlPool,
-    PgPool, Pool, Postgres,
-};
+use sqlx::{pool::PoolOptions, MySql, Pool, Postgres};
 use tokio::task::JoinHandle;
 use tower_idempotency::{
     store::{
@@ -331,107 +328,81 @@ async fn proxy_to(target: impl tokio::net::ToSocketAddrs) -> Arc<FaultProxy> {
     Arc::new(FaultProxy::start(target).await.unwrap())
 }
 
-impl Backend for Postgres {
-    type Store = PostgresStore;
-    const WORK: &'static str = "/work";
-    const WORK_THEN_SLOW: &'static str = "/work-then-slow";
+/// The [`Backend`] of one database: the two differ in their store, routes, fresh pool, `work`
+/// table and placeholder; the rest is one text.
+macro_rules! backend {
+    (
+        $db:ty, $store:ident, layer: $layer:path, routes: ($work:literal, $work_then_slow:literal),
+        pool: $pool:expr, work_table: $work_table:literal, count_work: $count_work:literal $(,)?
+    ) => {
+        impl Backend for $db {
+            type Store = $store;
+            const WORK: &'static str = $work;
+            const WORK_THEN_SLOW: &'static str = $work_then_slow;
 
-    async fn fresh() -> PgPool {
-        let direct = fresh_postgres_pool(4).await;
-        PostgresStore::new(direct.clone())
-            .migrate()
-            .await
-            .expect("migrate");
-        sqlx::query("CREATE TABLE work (id bigserial PRIMARY KEY, idem_key text NOT NULL)")
-            .execute(&direct)
-            .await
-            .unwrap();
-        direct
-    }
+            async fn fresh() -> Pool<Self> {
+                let direct = $pool;
+                $store::new(direct.clone())
+                    .migrate()
+                    .await
+                    .expect("migrate");
+                sqlx::query($work_table).execute(&direct).await.unwrap();
+                direct
+            }
 
-    fn server(pool: &PgPool) -> (String, u16) {
-        let options = pool.connect_options();
-        (options.get_host().to_owned(), options.get_port())
-    }
+            fn server(pool: &Pool<Self>) -> (String, u16) {
+                let options = pool.connect_options();
+                (options.get_host().to_owned(), options.get_port())
+            }
 
-    fn through_proxy(pool: &PgPool, port: u16) -> PgConnectOptions {
-        (*pool.connect_options())
-            .clone()
-            .host("127.0.0.1")
-            .port(port)
-    }
+            fn through_proxy(pool: &Pool<Self>, port: u16) -> ConnectOptionsOf<Self> {
+                (*pool.connect_options())
+                    .clone()
+                    .host("127.0.0.1")
+                    .port(port)
+            }
 
-    fn layer(pool: PgPool) -> Idempotency<PostgresStore> {
-        Idempotency::postgres(pool)
-    }
+            fn layer(pool: Pool<Self>) -> Idempotency<$store> {
+                $layer(pool)
+            }
 
-    async fn work_rows(pool: &PgPool, key: &str) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM work WHERE idem_key = $1")
-            .bind(key)
-            .fetch_one(pool)
-            .await
-            .unwrap()
-    }
+            async fn work_rows(pool: &Pool<Self>, key: &str) -> i64 {
+                sqlx::query_scalar($count_work)
+                    .bind(key)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            }
 
-    async fn saved_records(pool: &PgPool) -> i64 {
-        sqlx::query_scalar(SAVED_RECORDS)
-            .fetch_one(pool)
-            .await
-            .unwrap()
-    }
+            async fn saved_records(pool: &Pool<Self>) -> i64 {
+                sqlx::query_scalar(SAVED_RECORDS)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            }
+        }
+    };
 }
 
-impl Backend for MySql {
-    type Store = MySqlStore;
-    const WORK: &'static str = "/my-work";
-    const WORK_THEN_SLOW: &'static str = "/my-work-then-slow";
+backend!(
+    Postgres,
+    PostgresStore,
+    layer: Idempotency::postgres,
+    routes: ("/work", "/work-then-slow"),
+    pool: fresh_postgres_pool(4).await,
+    work_table: "CREATE TABLE work (id bigserial PRIMARY KEY, idem_key text NOT NULL)",
+    count_work: "SELECT count(*) FROM work WHERE idem_key = $1",
+);
 
-    async fn fresh() -> MySqlPool {
-        let direct = fresh_mysql_pool(4, Isolation::RepeatableRead).await;
-        MySqlStore::new(direct.clone())
-            .migrate()
-            .await
-            .expect("migrate");
-        sqlx::query(
-            "CREATE TABLE work (id BIGINT AUTO_INCREMENT PRIMARY KEY, idem_key VARCHAR(255) NOT NULL)",
-        )
-        .execute(&direct)
-        .await
-        .unwrap();
-        direct
-    }
-
-    fn server(pool: &MySqlPool) -> (String, u16) {
-        let options = pool.connect_options();
-        (options.get_host().to_owned(), options.get_port())
-    }
-
-    fn through_proxy(pool: &MySqlPool, port: u16) -> MySqlConnectOptions {
-        (*pool.connect_options())
-            .clone()
-            .host("127.0.0.1")
-            .port(port)
-    }
-
-    fn layer(pool: MySqlPool) -> Idempotency<MySqlStore> {
-        Idempotency::mysql(pool)
-    }
-
-    async fn work_rows(pool: &MySqlPool, key: &str) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM work WHERE idem_key = ?")
-            .bind(key)
-            .fetch_one(pool)
-            .await
-            .unwrap()
-    }
-
-    async fn saved_records(pool: &MySqlPool) -> i64 {
-        sqlx::query_scalar(SAVED_RECORDS)
-            .fetch_one(pool)
-            .await
-            .unwrap()
-    }
-}
+backend!(
+    MySql,
+    MySqlStore,
+    layer: Idempotency::mysql,
+    routes: ("/my-work", "/my-work-then-slow"),
+    pool: fresh_mysql_pool(4, Isolation::RepeatableRead).await,
+    work_table: "CREATE TABLE work (id BIGINT AUTO_INCREMENT PRIMARY KEY, idem_key VARCHAR(255) NOT NULL)",
+    count_work: "SELECT count(*) FROM work WHERE idem_key = ?",
+);
 
 /// Records with a saved answer, in any dialect.
 const SAVED_RECORDS: &str = "SELECT count(*) FROM idempotency_records WHERE state = 'done'";
