@@ -11,8 +11,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use axum::{routing::post, Router};
 use sqlx::{
-    mysql::{MySqlConnectOptions, MySqlPoolOptions},
-    postgres::{PgConnectOptions, PgPoolOptions, PgSslMode},
+    mysql::MySqlConnectOptions,
+    postgres::{PgConnectOptions, PgSslMode},
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
     Connection, Executor, MySqlPool, PgPool, SqlitePool,
 };
@@ -507,6 +507,26 @@ async fn bench_sqlite_file() -> Result<(SqlitePool, std::path::PathBuf), BoxErro
     Ok((pool, path))
 }
 
+/// The pool the workers share on a server's bench database: as many connections as workers and
+/// some for the store (warmed up front); through the counting proxy, as many as it expects.
+async fn workers_pool<DB: sqlx::Database>(
+    opts: <DB::Connection as sqlx::Connection>::Options,
+    workers: usize,
+    route: Route,
+) -> Result<sqlx::Pool<DB>, BoxError> {
+    let pool = match route {
+        Route::Direct => {
+            let max = (workers + 8).min(MAX_PG_CONNECTIONS) as u32;
+            sqlx::pool::PoolOptions::<DB>::new()
+                .max_connections(max)
+                .min_connections(max.min(16))
+        }
+        Route::Counted => sqlx::pool::PoolOptions::<DB>::new()
+            .max_connections(wire::connections(workers).min(MAX_PG_CONNECTIONS) as u32),
+    };
+    Ok(pool.connect_with(opts).await?)
+}
+
 /// The address of a store's server, for the counting proxy.
 async fn upstream(host: &str, port: u16) -> Result<std::net::SocketAddr, BoxError> {
     Ok(tokio::net::lookup_host((host, port))
@@ -540,30 +560,20 @@ async fn bench_database(
     }
     admin.close().await?;
     let opts = opts.database(BENCH_DATABASE);
-    let (pool, counter) = match route {
-        Route::Direct => {
-            let max = (workers + 8).min(MAX_PG_CONNECTIONS) as u32;
-            let pool = PgPoolOptions::new()
-                .max_connections(max)
-                .min_connections(max.min(16))
-                .connect_with(opts)
-                .await?;
-            (pool, None)
-        }
+    let (opts, counter) = match route {
+        Route::Direct => (opts, None),
         Route::Counted => {
             let upstream = upstream(opts.get_host(), opts.get_port()).await?;
             let counter = wire::Counter::start_postgres(upstream).await?;
-            let pool = PgPoolOptions::new()
-                .max_connections(wire::connections(workers).min(MAX_PG_CONNECTIONS) as u32)
-                .connect_with(
-                    opts.host("127.0.0.1")
-                        .port(counter.addr().port())
-                        .ssl_mode(PgSslMode::Disable),
-                )
-                .await?;
-            (pool, Some(counter))
+            let port = counter.addr().port();
+            let opts = opts
+                .host("127.0.0.1")
+                .port(port)
+                .ssl_mode(PgSslMode::Disable);
+            (opts, Some(counter))
         }
     };
+    let pool = workers_pool(opts, workers, route).await?;
     PostgresStore::new(pool.clone()).migrate().await?;
     pool.execute(
         "CREATE TABLE IF NOT EXISTS bench_orders (
@@ -594,26 +604,16 @@ async fn bench_mysql_database(
         .await?;
     admin.close().await?;
     let opts = opts.database(BENCH_DATABASE);
-    let (pool, counter) = match route {
-        Route::Direct => {
-            let max = (workers + 8).min(MAX_PG_CONNECTIONS) as u32;
-            let pool = MySqlPoolOptions::new()
-                .max_connections(max)
-                .min_connections(max.min(16))
-                .connect_with(opts)
-                .await?;
-            (pool, None)
-        }
+    let (opts, counter) = match route {
+        Route::Direct => (opts, None),
         Route::Counted => {
             let upstream = upstream(opts.get_host(), opts.get_port()).await?;
             let counter = wire::Counter::start(upstream).await?;
-            let pool = MySqlPoolOptions::new()
-                .max_connections(wire::connections(workers).min(MAX_PG_CONNECTIONS) as u32)
-                .connect_with(opts.host("127.0.0.1").port(counter.addr().port()))
-                .await?;
-            (pool, Some(counter))
+            let port = counter.addr().port();
+            (opts.host("127.0.0.1").port(port), Some(counter))
         }
     };
+    let pool = workers_pool(opts, workers, route).await?;
     MySqlStore::new(pool.clone()).migrate().await?;
     pool.execute(
         "CREATE TABLE IF NOT EXISTS bench_orders (
