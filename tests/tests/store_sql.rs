@@ -30,72 +30,51 @@ trait Backend: TransactionalStore + Clone + Sized {
     fn run_migrations(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
-impl Backend for PostgresStore {
-    fn run_migrations(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.migrate()
-    }
+/// The [`Backend`] of one store: the three differ in their fresh pool and the catalogue they ask
+/// for a table.
+macro_rules! backend {
+    ($store:ident, pool: |$connections:ident| $pool:expr, table_exists: $exists:literal $(,)?) => {
+        impl Backend for $store {
+            fn run_migrations(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+                self.migrate()
+            }
 
-    async fn fresh(connections: u32) -> Self {
-        let store = PostgresStore::new(fresh_postgres_pool(connections).await);
-        store.run_migrations().await.expect("migrate");
-        store
-    }
+            async fn fresh($connections: u32) -> Self {
+                let store = $store::new($pool);
+                store.run_migrations().await.expect("migrate");
+                store
+            }
 
-    async fn table_exists(&self, name: &str) -> bool {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)",
-        )
-        .bind(name)
-        .fetch_one(self.pool())
-        .await
-        .expect("query pg_tables")
-    }
+            async fn table_exists(&self, name: &str) -> bool {
+                sqlx::query_scalar::<_, bool>($exists)
+                    .bind(name)
+                    .fetch_one(self.pool())
+                    .await
+                    .expect("query the catalogue")
+            }
+        }
+    };
 }
 
-impl Backend for SqliteStore {
-    fn run_migrations(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.migrate()
-    }
+backend!(
+    PostgresStore,
+    pool: |connections| fresh_postgres_pool(connections).await,
+    table_exists: "SELECT EXISTS (SELECT FROM pg_tables \
+        WHERE schemaname = current_schema() AND tablename = $1)",
+);
 
-    async fn fresh(connections: u32) -> Self {
-        let store = SqliteStore::new(fresh_sqlite_pool(connections).await);
-        store.run_migrations().await.expect("migrate");
-        store
-    }
+backend!(
+    SqliteStore,
+    pool: |connections| fresh_sqlite_pool(connections).await,
+    table_exists: "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+);
 
-    async fn table_exists(&self, name: &str) -> bool {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
-        )
-        .bind(name)
-        .fetch_one(self.pool())
-        .await
-        .expect("query sqlite_master")
-    }
-}
-
-impl Backend for MySqlStore {
-    fn run_migrations(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.migrate()
-    }
-
-    async fn fresh(connections: u32) -> Self {
-        let store = MySqlStore::new(fresh_mysql_pool(connections, Isolation::RepeatableRead).await);
-        store.run_migrations().await.expect("migrate");
-        store
-    }
-
-    async fn table_exists(&self, name: &str) -> bool {
-        sqlx::query_scalar::<_, bool>(
-            "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name = ?)",
-        )
-        .bind(name)
-        .fetch_one(self.pool())
-        .await
-        .expect("query information_schema.tables")
-    }
-}
+backend!(
+    MySqlStore,
+    pool: |connections| fresh_mysql_pool(connections, Isolation::RepeatableRead).await,
+    table_exists: "SELECT EXISTS (SELECT 1 FROM information_schema.tables \
+        WHERE table_schema = DATABASE() AND table_name = ?)",
+);
 
 // ---------------------------------------------------------------------------------------------
 // The suite
