@@ -118,6 +118,41 @@ async fn expiry_removes_the_record() {
     );
 }
 
+/// Polls (every 10 ms, for 5 s at most) until `channel`'s subscriber count satisfies `wanted`.
+async fn until_subscribers(
+    conn: &mut redis::aio::MultiplexedConnection,
+    channel: &str,
+    wanted: impl Fn(i64) -> bool,
+    what: &str,
+) {
+    let polled = async {
+        loop {
+            let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(channel)
+                .query_async(&mut *conn)
+                .await
+                .unwrap();
+            if wanted(n) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), polled)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within 5 s"));
+}
+
+/// Empty the server's script cache, as a restart or a failover does.
+async fn flush_scripts(conn: &mut redis::aio::MultiplexedConnection) {
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async::<()>(conn)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scripts_are_reloaded_after_script_flush() {
     let store = store().await;
@@ -126,11 +161,7 @@ async fn scripts_are_reloaded_after_script_flush() {
     let first = claim_of(key, "a", LONG, DAY);
     store.claim(&first).await.unwrap();
 
-    redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    flush_scripts(&mut conn).await;
     assert_eq!(
         store
             .renew(&Hold::new(key, first.token), LONG)
@@ -138,20 +169,12 @@ async fn scripts_are_reloaded_after_script_flush() {
             .unwrap(),
         Fenced::Applied
     );
-    redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    flush_scripts(&mut conn).await;
     assert!(matches!(
         store.claim(&claim_of(key, "a", LONG, DAY)).await.unwrap(),
         ClaimOutcome::InFlight { .. }
     ));
-    redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    flush_scripts(&mut conn).await;
     assert_eq!(
         store
             .complete(&Hold::new(key, first.token), &response())
@@ -159,22 +182,14 @@ async fn scripts_are_reloaded_after_script_flush() {
             .unwrap(),
         Fenced::Applied
     );
-    redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    flush_scripts(&mut conn).await;
     let other = random_key();
     let claim = claim_of(other, "a", LONG, DAY);
     assert_eq!(
         store.claim(&claim).await.unwrap(),
         ClaimOutcome::Claimed { taken_over: false }
     );
-    redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    flush_scripts(&mut conn).await;
     assert_eq!(
         store.release(&Hold::new(other, claim.token)).await.unwrap(),
         Fenced::Applied
@@ -228,23 +243,7 @@ async fn wait_for_change_wakes_every_waiter_on_release_and_unsubscribes() {
         .collect();
     // Release once every waiter is subscribed: the subscription count is the signal.
     let channel = store.channel(&key);
-    let subscribed = async {
-        loop {
-            let (_, n): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            if n > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), subscribed)
-        .await
-        .expect("the waiters subscribe");
+    until_subscribers(&mut conn, &channel, |n| n > 0, "the waiters subscribe").await;
     assert_eq!(
         store.release(&Hold::new(key, held.token)).await.unwrap(),
         Fenced::Applied
@@ -255,23 +254,13 @@ async fn wait_for_change_wakes_every_waiter_on_release_and_unsubscribes() {
     }
 
     // The last waiter's unsubscribe runs in the background; it must happen.
-    let unsubscribed = async {
-        loop {
-            let (_, n): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            if n == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), unsubscribed)
-        .await
-        .expect("the channel is unsubscribed once nobody waits");
+    until_subscribers(
+        &mut conn,
+        &channel,
+        |n| n == 0,
+        "the channel is unsubscribed once nobody waits",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
