@@ -5,6 +5,8 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
+use tower_idempotency::error::problem_json;
+
 use crate::{signature::SignatureError, Scheme};
 
 /// An error answer: `type`, `title`, `status` and a `detail` that says what to do.
@@ -70,17 +72,9 @@ impl Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "type": format!("urn:webhooks-example:{}", self.kind),
-            "title": self.title,
-            "status": self.status.as_u16(),
-            "detail": self.detail,
-        });
-        let mut response = (self.status, body.to_string()).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        let type_uri = format!("urn:webhooks-example:{}", self.kind);
+        let mut response =
+            problem_json(self.status, &type_uri, self.title, &self.detail).into_response();
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             response
                 .headers_mut()
