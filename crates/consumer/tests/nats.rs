@@ -10,9 +10,8 @@ use tower_idempotency_consumer::{
     nats::{
         self,
         async_nats::{self, header::NATS_MESSAGE_ID, jetstream, HeaderMap},
-        Settlement,
     },
-    Error, Outcome, PgConsumer,
+    PgConsumer,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -38,11 +37,7 @@ async fn messages_are_acked_after_the_commit_naked_on_failure_parked_and_termina
         })
         .await
         .expect("create the stream (JetStream enabled?)");
-    for (id, body) in [
-        (Some("evt_ok"), "ok"),
-        (Some("evt_poison"), "poison"),
-        (None, "no id"),
-    ] {
+    for (id, body) in common::MESSAGES {
         let mut headers = HeaderMap::new();
         if let Some(id) = id {
             headers.insert(NATS_MESSAGE_ID, id);
@@ -73,46 +68,18 @@ async fn messages_are_acked_after_the_commit_naked_on_failure_parked_and_termina
             .expect("the stream is open")
             .expect("a message");
         let body = String::from_utf8(message.payload.to_vec()).expect("utf-8");
-        let handled = nats::process_message(&ledger, &message, move |tx| {
-            Box::pin(async move {
-                if body == "poison" {
-                    return Err(sqlx::Error::Protocol(
-                        "cannot apply a poison message".into(),
-                    ));
-                }
-                sqlx::query("INSERT INTO effects (event_id, delivery) VALUES ('evt_ok', 1)")
-                    .execute(&mut *tx)
-                    .await?;
-                Ok(())
-            })
-        })
-        .await
-        .expect("settled with the server");
-        seen.push((
-            handled.event_id.clone(),
-            handled.deliveries,
-            handled.settlement,
-            handled.result,
-        ));
+        let handled = nats::process_message(&ledger, &message, common::record_unless_poison(body))
+            .await
+            .expect("settled with the server");
+        seen.push(handled);
     }
 
-    let of = |id: &str| seen.iter().filter(|s| s.0 == id).collect::<Vec<_>>();
-    let ok = of("evt_ok");
-    assert_eq!(ok.len(), 1);
-    assert!(matches!(ok[0].3, Ok(Outcome::Processed(()))) && ok[0].2 == Settlement::Acked);
-    let poison = of("evt_poison");
-    assert_eq!(poison.len(), 3, "{seen:?}");
+    let poison = common::assert_each_settlement(&seen);
     assert_eq!(
-        poison.iter().map(|p| p.1).collect::<Vec<_>>(),
+        poison.iter().map(|p| p.deliveries).collect::<Vec<_>>(),
         [Some(1), Some(2), Some(3)],
         "JetStream's delivery count"
     );
-    assert!(matches!(poison[0].3, Err(Error::Work(_))) && poison[0].2 == Settlement::Requeued);
-    assert!(matches!(poison[1].3, Err(Error::Work(_))) && poison[1].2 == Settlement::Requeued);
-    assert!(matches!(poison[2].3, Err(Error::Parked(_))) && poison[2].2 == Settlement::Acked);
-    let no_id = of("");
-    assert_eq!(no_id.len(), 1);
-    assert!(matches!(no_id[0].3, Err(Error::MissingEventId)) && no_id[0].2 == Settlement::Rejected);
 
     let info = stream.consumer_info("ledger").await.expect("consumer info");
     assert_eq!(

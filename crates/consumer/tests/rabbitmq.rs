@@ -17,9 +17,8 @@ use tower_idempotency_consumer::{
             types::FieldTable,
             BasicProperties, Connection, ConnectionProperties,
         },
-        Settlement,
     },
-    Error, Outcome, PgConsumer,
+    PgConsumer,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -48,11 +47,7 @@ async fn deliveries_are_acked_after_the_commit_requeued_on_failure_parked_and_re
         .confirm_select(ConfirmSelectOptions::default())
         .await
         .expect("confirms");
-    for (id, body) in [
-        (Some("evt_ok"), "ok"),
-        (Some("evt_poison"), "poison"),
-        (None, "no id"),
-    ] {
+    for (id, body) in common::MESSAGES {
         let mut properties = BasicProperties::default();
         if let Some(id) = id {
             properties = properties.with_message_id(id.into());
@@ -93,47 +88,22 @@ async fn deliveries_are_acked_after_the_commit_requeued_on_failure_parked_and_re
             .expect("the consumer is open")
             .expect("a delivery");
         let body = String::from_utf8(delivery.data.clone()).expect("utf-8");
-        let handled = rabbitmq::process_delivery(&ledger, &delivery, move |tx| {
-            Box::pin(async move {
-                if body == "poison" {
-                    return Err(sqlx::Error::Protocol(
-                        "cannot apply a poison message".into(),
-                    ));
-                }
-                sqlx::query("INSERT INTO effects (event_id, delivery) VALUES ('evt_ok', 1)")
-                    .execute(&mut *tx)
-                    .await?;
-                Ok(())
-            })
-        })
-        .await
-        .expect("settled with the broker");
-        seen.push((
-            handled.event_id.clone(),
-            handled.redelivered,
-            handled.settlement,
-            handled.result,
-        ));
+        let handled =
+            rabbitmq::process_delivery(&ledger, &delivery, common::record_unless_poison(body))
+                .await
+                .expect("settled with the broker");
+        seen.push(handled);
     }
 
-    let of = |id: &str| seen.iter().filter(|s| s.0 == id).collect::<Vec<_>>();
-    let ok = of("evt_ok");
-    assert_eq!(ok.len(), 1);
-    assert!(matches!(ok[0].3, Ok(Outcome::Processed(()))));
-    assert_eq!(ok[0].2, Settlement::Acked);
-    let poison = of("evt_poison");
-    assert_eq!(poison.len(), 3, "{seen:?}");
-    assert!(matches!(poison[0].3, Err(Error::Work(_))) && poison[0].2 == Settlement::Requeued);
-    assert!(!poison[0].1, "the first delivery is not a redelivery");
-    assert!(matches!(poison[1].3, Err(Error::Work(_))) && poison[1].2 == Settlement::Requeued);
+    let poison = common::assert_each_settlement(&seen);
     assert!(
-        poison[1].1,
+        !poison[0].redelivered,
+        "the first delivery is not a redelivery"
+    );
+    assert!(
+        poison[1].redelivered,
         "a requeued message comes back flagged redelivered"
     );
-    assert!(matches!(poison[2].3, Err(Error::Parked(_))) && poison[2].2 == Settlement::Acked);
-    let no_id = of("");
-    assert_eq!(no_id.len(), 1);
-    assert!(matches!(no_id[0].3, Err(Error::MissingEventId)) && no_id[0].2 == Settlement::Rejected);
 
     // Nothing left: every delivery was settled.
     let left = channel

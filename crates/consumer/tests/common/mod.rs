@@ -27,6 +27,73 @@ pub const DELIVERIES: usize = 10;
 #[allow(unused_imports)] // each test binary uses its own part
 pub use tower_idempotency_testkit::{postgres_url, redis_url, unique_name};
 
+/// What the brokers' tests publish: an event id (or none) and a body, each once.
+pub const MESSAGES: [(Option<&str>, &str); 3] = [
+    (Some("evt_ok"), "ok"),
+    (Some("evt_poison"), "poison"),
+    (None, "no id"),
+];
+
+/// One delivery as a broker integration handled it (the same type behind both brokers).
+#[cfg(feature = "nats")]
+pub use tower_idempotency_consumer::nats::{Handled, Settlement};
+#[cfg(all(feature = "rabbitmq", not(feature = "nats")))]
+pub use tower_idempotency_consumer::rabbitmq::{Handled, Settlement};
+
+/// Checks the brokers' tests' five deliveries (`evt_ok` once, `evt_poison` three times, one
+/// without an id, all done with [`record_unless_poison`]): `evt_ok` processed and acked, the
+/// poison requeued twice and then parked and acked, the one without an id rejected. Returns the
+/// poison's deliveries in order, for what each broker says of redeliveries.
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub fn assert_each_settlement(seen: &[Handled<(), sqlx::Error>]) -> Vec<&Handled<(), sqlx::Error>> {
+    use tower_idempotency_consumer::{Error, Outcome};
+    let of = |id: &str| seen.iter().filter(|s| s.event_id == id).collect::<Vec<_>>();
+    let ok = of("evt_ok");
+    assert_eq!(ok.len(), 1, "{seen:?}");
+    assert!(matches!(ok[0].result, Ok(Outcome::Processed(()))));
+    assert_eq!(ok[0].settlement, Settlement::Acked);
+    let poison = of("evt_poison");
+    assert_eq!(poison.len(), 3, "{seen:?}");
+    for attempt in &poison[..2] {
+        assert!(matches!(attempt.result, Err(Error::Work(_))), "{attempt:?}");
+        assert_eq!(attempt.settlement, Settlement::Requeued);
+    }
+    assert!(
+        matches!(poison[2].result, Err(Error::Parked(_))),
+        "{seen:?}"
+    );
+    assert_eq!(poison[2].settlement, Settlement::Acked);
+    let no_id = of("");
+    assert_eq!(no_id.len(), 1, "{seen:?}");
+    assert!(matches!(no_id[0].result, Err(Error::MissingEventId)));
+    assert_eq!(no_id[0].settlement, Settlement::Rejected);
+    poison
+}
+
+/// The brokers' tests' work: a `poison` body fails (the attempt rolls back), any other records
+/// `evt_ok`'s effect.
+#[cfg(feature = "postgres")]
+pub fn record_unless_poison(
+    body: String,
+) -> impl for<'c> FnOnce(
+    &'c mut sqlx::PgConnection,
+) -> futures_util::future::BoxFuture<'c, Result<(), sqlx::Error>>
+       + Send {
+    move |tx| {
+        Box::pin(async move {
+            if body == "poison" {
+                return Err(sqlx::Error::Protocol(
+                    "cannot apply a poison message".into(),
+                ));
+            }
+            sqlx::query("INSERT INTO effects (event_id, delivery) VALUES ('evt_ok', 1)")
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+    }
+}
+
 #[cfg(feature = "postgres")]
 /// A freshly created PostgreSQL database of its own, migrated; returns its pool and URL.
 ///
