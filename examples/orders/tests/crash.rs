@@ -98,21 +98,6 @@ async fn start(database_url: &str, payment_latency_ms: u64) -> Server {
     Server { child, base }
 }
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(15))
-        .build()
-        .expect("client")
-}
-
-fn post(client: &reqwest::Client, base: &str, key: &str) -> reqwest::RequestBuilder {
-    client
-        .post(format!("{base}/orders"))
-        .header("Idempotency-Key", key)
-        .header("Content-Type", "application/json")
-        .body(BODY)
-}
-
 /// Poll the database until `table` has `rows` rows; bounded by `within`.
 async fn wait_for_rows(db: &Probe, table: &str, rows: i64, within: Duration) {
     let deadline = Instant::now() + within;
@@ -133,12 +118,12 @@ async fn killed_during_payment_leaves_no_order_and_the_retry_creates_one(
     probe: impl AsyncFnOnce() -> Probe,
 ) {
     let key = uuid::Uuid::new_v4().to_string();
-    let client = client();
+    let client = common::client();
 
     // 1. First instance: the payment takes 3 s, the lease is 1 s (renewed while it lives).
     let mut first = start(database_url, 3000).await;
     let db = probe().await;
-    let request = tokio::spawn(post(&client, &first.base, &key).send());
+    let request = tokio::spawn(common::post_order(&client, &first.base, &key, BODY).send());
 
     // 2. The claim is committed on its own before the handler runs: that is the signal that the
     //    handler is inside the payment wait. Kill the process there.
@@ -164,7 +149,7 @@ async fn killed_during_payment_leaves_no_order_and_the_retry_creates_one(
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut conflicts = 0;
     let created = loop {
-        let response = post(&client, &second.base, &key)
+        let response = common::post_order(&client, &second.base, &key, BODY)
             .send()
             .await
             .expect("the second instance answers");
@@ -190,7 +175,7 @@ async fn killed_during_payment_leaves_no_order_and_the_retry_creates_one(
     assert_eq!(db.count("orders").await, 1, "exactly one order");
 
     // 4. And from now on the same key replays that answer.
-    let replay = post(&client, &second.base, &key)
+    let replay = common::post_order(&client, &second.base, &key, BODY)
         .send()
         .await
         .expect("replay");

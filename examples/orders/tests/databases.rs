@@ -7,6 +7,8 @@
 //!
 //! Run with `DATABASE_URL` and `MYSQL_URL` set (see `scripts/test.sh`).
 
+mod common;
+
 use std::{
     collections::{HashMap, HashSet},
     future::Future,
@@ -114,16 +116,6 @@ async fn post_until_settled(client: &reqwest::Client, base: &str, key: &str) -> 
     panic!("still 409 after 30 attempts");
 }
 
-async fn count_orders(db: &Db) -> i64 {
-    const SQL: &str = "SELECT count(*) FROM orders";
-    match db {
-        Db::Postgres(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
-        Db::Sqlite(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
-        Db::MySql(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
-    }
-    .expect("count orders")
-}
-
 /// A second pool on the same database: what a second instance of the API would open.
 async fn second_pool(db: &Db) -> Db {
     match db {
@@ -173,7 +165,7 @@ fn assert_problem(a: &Answer, status: StatusCode, what: &str) {
 /// its 201 or a 409 with `Retry-After`.
 async fn one_key_n_concurrent(db: &Db, base: &str, client: &reqwest::Client, n: usize) -> Order {
     let key = uuid::Uuid::new_v4().to_string();
-    let before = count_orders(db).await;
+    let before = common::count_orders(db).await;
     let attempts: Vec<_> = (0..n)
         .map(|_| tokio::spawn(answer(post(client, base, &key, BODY))))
         .collect();
@@ -217,14 +209,18 @@ async fn one_key_n_concurrent(db: &Db, base: &str, client: &reqwest::Client, n: 
         answers.iter().any(|a| a.status == StatusCode::CONFLICT),
         "with a 200 ms payment the attempts overlapped: some got 409"
     );
-    assert_eq!(count_orders(db).await, before + 1, "exactly one order row");
+    assert_eq!(
+        common::count_orders(db).await,
+        before + 1,
+        "exactly one order row"
+    );
 
     // After the first attempt finished, the key replays its answer.
     let replay = post_until_settled(client, base, &key).await;
     assert_eq!(replay.status, StatusCode::CREATED);
     assert!(replay.replayed);
     assert_eq!(replay.body, first.body);
-    assert_eq!(count_orders(db).await, before + 1);
+    assert_eq!(common::count_orders(db).await, before + 1);
     order
 }
 
@@ -233,7 +229,7 @@ async fn concurrent_posts_with_one_key_create_one_order(db: Db) {
     let client = client();
     one_key_n_concurrent(&db, &base, &client, 5).await;
     one_key_n_concurrent(&db, &base, &client, 50).await;
-    assert_eq!(count_orders(&db).await, 2);
+    assert_eq!(common::count_orders(&db).await, 2);
 }
 
 async fn two_instances_create_one_order_per_key(db: Db) {
@@ -302,11 +298,11 @@ async fn two_instances_create_one_order_per_key(db: Db) {
     }
     assert_eq!(order_ids.len(), KEYS);
     assert_eq!(
-        count_orders(&db).await,
+        common::count_orders(&db).await,
         KEYS as i64,
         "exactly one order per key"
     );
-    assert_eq!(count_orders(&other).await, KEYS as i64);
+    assert_eq!(common::count_orders(&other).await, KEYS as i64);
 }
 
 async fn invalid_input_is_400_problem(db: Db) {
@@ -390,7 +386,7 @@ async fn invalid_input_is_400_problem(db: Db) {
         .body(BODY);
     assert_problem(&answer(no_key).await, StatusCode::BAD_REQUEST, "no key");
     assert_eq!(
-        count_orders(&db).await,
+        common::count_orders(&db).await,
         0,
         "no invalid request created an order"
     );
@@ -401,7 +397,7 @@ async fn invalid_input_is_400_problem(db: Db) {
         .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
         .body(BODY);
     assert_eq!(answer(bare).await.status, StatusCode::CREATED);
-    assert_eq!(count_orders(&db).await, 1);
+    assert_eq!(common::count_orders(&db).await, 1);
 }
 
 async fn orders_can_be_read_back(db: Db) {
@@ -551,7 +547,7 @@ macro_rules! orders_suite {
                         taken_over.body
                     );
                     assert!(!taken_over.replayed);
-                    assert_eq!(count_orders(&db).await, 1);
+                    assert_eq!(common::count_orders(&db).await, 1);
 
                     // 3. The stale holder now does its work in its own transaction...
                     let mut tx = pool.begin().await.expect("begin");
@@ -572,7 +568,11 @@ macro_rules! orders_suite {
                         .expect("complete_in");
                     assert_eq!(fenced, Fenced::Lost);
                     tx.rollback().await.expect("rollback");
-                    assert_eq!(count_orders(&db).await, 1, "the stale work was rolled back");
+                    assert_eq!(
+                        common::count_orders(&db).await,
+                        1,
+                        "the stale work was rolled back"
+                    );
 
                     // Every other write of the stale holder is fenced out too.
                     assert_eq!(
@@ -593,7 +593,7 @@ macro_rules! orders_suite {
                     assert_eq!(replay.status, StatusCode::CREATED);
                     assert!(replay.replayed);
                     assert_eq!(replay.body, taken_over.body);
-                    assert_eq!(count_orders(&db).await, 1);
+                    assert_eq!(common::count_orders(&db).await, 1);
                 })
                 .await
             }

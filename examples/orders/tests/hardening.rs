@@ -175,21 +175,6 @@ async fn start(database_url: &str, env: &[(&str, &str)]) -> Server {
     }
 }
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .expect("client")
-}
-
-fn post(client: &reqwest::Client, base: &str, key: &str) -> reqwest::RequestBuilder {
-    client
-        .post(format!("{base}/orders"))
-        .header("Idempotency-Key", key)
-        .header("Content-Type", "application/json")
-        .body(BODY)
-}
-
 /// Read what the server sends until it closes the connection (bounded by `within`); the bytes
 /// and when the connection closed.
 async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> (String, Duration) {
@@ -265,7 +250,7 @@ async fn slow_loris_headers_are_cut_at_the_header_timeout() {
             "a slow-loris connection was held {held:?} with a 1 s header timeout"
         );
     }
-    let health = client()
+    let health = common::client()
         .get(format!("{}/healthz", server.base()))
         .send()
         .await
@@ -326,7 +311,7 @@ async fn a_slow_body_gets_408_at_the_body_timeout_and_claims_nothing() {
         took < Duration::from_secs(4),
         "408 came after {took:?} with a 1.5 s body timeout"
     );
-    let created = post(&client(), &server.base(), "slow-body")
+    let created = common::post_order(&common::client(), &server.base(), "slow-body", BODY)
         .send()
         .await
         .unwrap();
@@ -362,7 +347,7 @@ async fn connections_beyond_the_cap_wait_for_a_free_slot() {
     }
     let third = tokio::spawn({
         let url = format!("{}/healthz", server.base());
-        async move { client().get(url).send().await.map(|r| r.status()) }
+        async move { common::client().get(url).send().await.map(|r| r.status()) }
     });
     // Nothing can answer the third client while both slots are held.
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -435,9 +420,10 @@ async fn sigterm_lets_running_handlers_finish_and_be_recorded(database_url: &str
     let base = server.base();
     let probe = Probe::open(database_url).await;
     let (waiting_key, gone_key) = (common::unique("waiting"), common::unique("gone"));
-    let waiting = tokio::spawn(post(&client(), &base, &waiting_key).send());
+    let waiting =
+        tokio::spawn(common::post_order(&common::client(), &base, &waiting_key, BODY).send());
     probe.wait_for_records(1).await;
-    let gone = tokio::spawn(post(&client(), &base, &gone_key).send());
+    let gone = tokio::spawn(common::post_order(&common::client(), &base, &gone_key, BODY).send());
     probe.wait_for_records(2).await;
     // Both handlers are in the payment wait: one client goes away.
     gone.abort();
@@ -456,14 +442,14 @@ async fn sigterm_lets_running_handlers_finish_and_be_recorded(database_url: &str
     assert!(log.contains("every request finished"), "{log}");
 
     let restarted = start(database_url, &[]).await;
-    let replay = post(&client(), &restarted.base(), &waiting_key)
+    let replay = common::post_order(&common::client(), &restarted.base(), &waiting_key, BODY)
         .send()
         .await
         .unwrap();
     assert_eq!(replay.status(), reqwest::StatusCode::CREATED);
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(replay.text().await.unwrap(), first_body);
-    let replay = post(&client(), &restarted.base(), &gone_key)
+    let replay = common::post_order(&common::client(), &restarted.base(), &gone_key, BODY)
         .send()
         .await
         .unwrap();
@@ -473,7 +459,7 @@ async fn sigterm_lets_running_handlers_finish_and_be_recorded(database_url: &str
         "true",
         "the attempt whose client went away was recorded before the exit"
     );
-    let listed = client()
+    let listed = common::client()
         .get(format!("{}/orders?customerId=c_shutdown", restarted.base()))
         .send()
         .await
@@ -510,7 +496,7 @@ async fn customer_ids_cannot_forge_log_lines() {
     let server = start(&db.url(), &[]).await;
     let send = |key: &'static str, customer: &'static str| {
         let body = serde_json::json!({"customerId": customer, "totalCents": 1}).to_string();
-        client()
+        common::client()
             .post(format!("{}/orders", server.base()))
             .header("Idempotency-Key", key)
             .header("Content-Type", "application/json")

@@ -5,6 +5,8 @@
 //! The real router from `orders_api::app` is served with `orders_api::serve` (the binary's own
 //! server) on 127.0.0.1. Run with `DATABASE_URL` set (see `scripts/test.sh`).
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use orders_api::{Config, Db, DbFault};
@@ -49,13 +51,6 @@ async fn mysql() -> Db {
     db
 }
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .expect("client")
-}
-
 /// One answer, read in full.
 #[derive(Debug)]
 struct Answer {
@@ -84,7 +79,7 @@ async fn send(request: reqwest::RequestBuilder) -> Answer {
 }
 
 fn post(base: &str, key: &str, content_type: Option<&str>, body: &str) -> reqwest::RequestBuilder {
-    let mut request = client()
+    let mut request = common::client()
         .post(format!("{base}/orders"))
         .header("Idempotency-Key", key)
         .body(body.to_owned());
@@ -105,24 +100,8 @@ fn assert_problem(a: &Answer, status: StatusCode, needle: &str) {
     );
 }
 
-async fn count_orders(db: &Db) -> i64 {
-    const SQL: &str = "SELECT count(*) FROM orders";
-    match db {
-        Db::Postgres(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
-        Db::Sqlite(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
-        Db::MySql(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
-    }
-    .expect("count orders")
-}
-
 async fn count_records(db: &Db) -> i64 {
-    const SQL: &str = "SELECT count(*) FROM idempotency_records";
-    match db {
-        Db::Postgres(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
-        Db::Sqlite(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
-        Db::MySql(pool) => sqlx::query_scalar(SQL).fetch_one(pool).await,
-    }
-    .expect("count idempotency records")
+    common::count(db, "SELECT count(*) FROM idempotency_records").await
 }
 
 /// A `customerId` with NUL (anywhere), a line break or another control character is refused
@@ -154,10 +133,14 @@ async fn control_characters_are_refused_and_the_corrected_retry_succeeds(db: Db)
         assert!(replay.replayed);
         assert_eq!(replay.body, created.body);
     }
-    assert_eq!(count_orders(&db).await, 4, "one order per corrected key");
+    assert_eq!(
+        common::count_orders(&db).await,
+        4,
+        "one order per corrected key"
+    );
 
     for query in ["%00", "a%00b", "c_1%0Aforged", "%1B"] {
-        let listed = send(client().get(format!("{base}/orders?customerId={query}"))).await;
+        let listed = send(common::client().get(format!("{base}/orders?customerId={query}"))).await;
         assert_problem(&listed, StatusCode::BAD_REQUEST, "control character");
     }
 }
@@ -203,7 +186,7 @@ async fn the_fingerprint_follows_what_the_handler_reads(db: Db) {
     let fixed = send(post(&base, "fp-2", Some("application/json"), BODY)).await;
     assert_eq!(fixed.status, StatusCode::CREATED, "{}", fixed.body);
     assert!(!fixed.replayed, "the corrected request runs");
-    assert_eq!(count_orders(&db).await, 2);
+    assert_eq!(common::count_orders(&db).await, 2);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -253,7 +236,7 @@ async fn retry_after_estimates_the_time_left(db: Db) {
     let replay = send(post(&base, "busy", Some("application/json"), BODY)).await;
     assert!(replay.replayed, "{replay:?}");
     assert_eq!(replay.body, first.body);
-    assert_eq!(count_orders(&db).await, 3);
+    assert_eq!(common::count_orders(&db).await, 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -370,7 +353,7 @@ async fn orders_beyond_the_in_flight_cap_wait_their_turn() {
         took >= Duration::from_millis(1400),
         "two 700 ms orders with one permit took {took:?}: they ran at once"
     );
-    assert_eq!(count_orders(&db).await, 2);
+    assert_eq!(common::count_orders(&db).await, 2);
 }
 
 /// MySQL's errors, from the real server, classified like the others: a value the schema refuses

@@ -16,16 +16,6 @@ async fn serve() -> (String, Db) {
     (format!("http://{addr}"), db)
 }
 
-async fn count_orders(db: &Db) -> i64 {
-    let Db::Sqlite(pool) = db else {
-        unreachable!("serve opens SQLite")
-    };
-    sqlx::query_scalar("SELECT count(*) FROM orders")
-        .fetch_one(pool)
-        .await
-        .expect("count orders")
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn each_refused_body_is_a_400_problem_and_the_corrected_order_reuses_the_key() {
     let (base, db) = serve().await;
@@ -115,7 +105,7 @@ async fn each_refused_body_is_a_400_problem_and_the_corrected_order_reuses_the_k
         assert_eq!(order["totalCents"], 4000, "{what}");
     }
     assert_eq!(
-        count_orders(&db).await,
+        common::count_orders(&db).await,
         cases.len() as i64,
         "one order per corrected key, none for a refusal"
     );

@@ -47,3 +47,40 @@ pub fn orders_api(database_url: &str) -> tokio::process::Command {
         .kill_on_drop(true);
     command
 }
+
+/// A client whose every request ends within 20 s.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(20))
+        .build()
+        .expect("client")
+}
+
+/// `POST {base}/orders` under `key`, with a JSON `body`.
+pub fn post_order(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{base}/orders"))
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(body)
+}
+
+/// The number `sql` (a `SELECT count(*) ..`) reads, on whichever database the API runs on.
+pub async fn count(db: &Db, sql: &'static str) -> i64 {
+    match db {
+        Db::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+        Db::Sqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+        Db::MySql(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+    }
+    .unwrap_or_else(|err| panic!("{sql}: {err}"))
+}
+
+/// The orders the API has written.
+pub async fn count_orders(db: &Db) -> i64 {
+    count(db, "SELECT count(*) FROM orders").await
+}
