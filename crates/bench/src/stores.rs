@@ -165,6 +165,13 @@ pub struct Bare {
     pub url: String,
 }
 
+impl Bare {
+    /// The handler alone, at `url`: the row named `bare`.
+    fn handler_alone(url: String) -> Self {
+        Self { name: "bare", url }
+    }
+}
+
 /// The layer in one mode, and where its batch statistics are read.
 #[derive(Clone)]
 pub struct Layered {
@@ -257,10 +264,7 @@ async fn start_memory() -> Result<Started, BoxError> {
     let url = handlers::serve(app().route_layer(layer).with_state(orders)).await?;
     Ok(Started {
         store: "memory",
-        bare: vec![Bare {
-            name: "bare",
-            url: bare,
-        }],
+        bare: vec![Bare::handler_alone(bare)],
         layered: vec![layered("memory", url)],
         wire: None,
         resources: Resources::None,
@@ -304,10 +308,7 @@ async fn start_redis(route: Route) -> Result<Started, BoxError> {
     Ok(Started {
         store: "redis",
         bare: vec![
-            Bare {
-                name: "bare",
-                url: bare,
-            },
+            Bare::handler_alone(bare),
             Bare {
                 name: "bare + 1 Redis write",
                 url: bare_write,
@@ -350,10 +351,7 @@ async fn start_postgres(setup: &Setup, route: Route) -> Result<Started, BoxError
     };
     Ok(Started {
         store: "postgres",
-        bare: vec![Bare {
-            name: "bare",
-            url: bare,
-        }],
+        bare: vec![Bare::handler_alone(bare)],
         layered: vec![
             mode(0, "postgres (transactional)", transactional),
             mode(1, "postgres (standard)", standard),
@@ -397,10 +395,7 @@ async fn start_sqlite() -> Result<Started, BoxError> {
     };
     Ok(Started {
         store: "sqlite",
-        bare: vec![Bare {
-            name: "bare",
-            url: bare,
-        }],
+        bare: vec![Bare::handler_alone(bare)],
         layered: vec![
             mode(0, "sqlite (transactional)", transactional),
             mode(1, "sqlite (standard)", standard),
@@ -434,10 +429,7 @@ async fn start_mysql(setup: &Setup, route: Route) -> Result<Started, BoxError> {
     let standard = handlers::serve(on_pool().route_layer(layer(1))).await?;
     Ok(Started {
         store: "mysql",
-        bare: vec![Bare {
-            name: "bare",
-            url: bare,
-        }],
+        bare: vec![Bare::handler_alone(bare)],
         layered: vec![
             layered("mysql (transactional)", transactional),
             layered("mysql (standard)", standard),
