@@ -106,9 +106,10 @@ pub(crate) fn saved_headers(headers: &HeaderMap) -> HeaderMap {
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
-    // Room for one more: a replay adds its marker header, and a map cloned from this one keeps
-    // its table, so the replay does not rehash it.
-    let mut saved = HeaderMap::with_capacity(headers.len() + 1);
+    // Room for two more: a replay adds its marker header and the server its `Content-Length`,
+    // and a map cloned from this one (the memory store's replays) keeps its table, so neither
+    // insert rehashes it.
+    let mut saved = HeaderMap::with_capacity(headers.len() + 2);
     for (name, value) in headers {
         if !NOT_SAVED.contains(name) && !named_in_connection.contains(name) {
             saved.append(name.clone(), value.clone());
