@@ -164,6 +164,7 @@ macro_rules! behaviour_tests {
 /// The behaviours [`behaviour_tests!`](crate::behaviour_tests) instantiates, by name.
 pub const BEHAVIOURS: &[&str] = crate::behaviour_tests!(@names);
 
+/// The bounds of every test here, shared with the store contract.
 pub use crate::contract::{within, TEST_TIMEOUT};
 pub mod store_down;
 pub mod transactional;
