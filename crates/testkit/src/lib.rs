@@ -60,6 +60,7 @@ pub struct FreshDatabase<O> {
 }
 
 /// `url` with its database name replaced by `name`, its query string kept.
+#[cfg(any(feature = "postgres", feature = "mysql", test))]
 fn with_database(url: &str, name: &str) -> String {
     let (without_query, query) = match url.split_once('?') {
         Some((u, q)) => (u, format!("?{q}")),

@@ -179,10 +179,7 @@ mod tests {
     use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
     use super::*;
-    use crate::{
-        key::KeyHash,
-        store::{Claim, ClaimOutcome, Fenced, FencingToken, Hold, StoreError, StoredResponse},
-    };
+    use crate::store::{Claim, ClaimOutcome, Fenced, Hold, StoreError, StoredResponse};
 
     /// A store with `backlog` expired records and an optional failure on the first call.
     #[derive(Debug, Default)]
@@ -254,6 +251,8 @@ mod tests {
     #[cfg(all(feature = "metrics", feature = "memory"))]
     #[test]
     fn a_stats_round_sets_the_record_gauges() {
+        use crate::{key::KeyHash, store::FencingToken};
+
         let recorder = crate::observe::recorded::Recorded::default();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

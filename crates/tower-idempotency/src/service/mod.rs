@@ -41,7 +41,8 @@ mod refuse;
 mod replay;
 mod run;
 mod save;
-#[cfg(test)]
+// The service's unit tests run on the memory store.
+#[cfg(all(test, feature = "memory"))]
 mod tests;
 
 use bundle::{pass_through, Bundle, Shared};
