@@ -431,8 +431,9 @@ impl std::fmt::Display for ShortKey<'_> {
 }
 
 /// A metrics recorder for the crate's tests: every counter, the sample count of every
-/// histogram, and every value set on a gauge, by name and labels (`name{label=value,..}`).
-#[cfg(all(test, feature = "metrics"))]
+/// histogram, and every value set on a gauge, by name and labels (`name{label=value,..}`). Its
+/// tests run on the memory store.
+#[cfg(all(test, feature = "metrics", feature = "memory"))]
 pub(crate) mod recorded {
     use std::{
         collections::BTreeMap,

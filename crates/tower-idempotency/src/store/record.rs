@@ -473,6 +473,16 @@ pub(crate) mod time {
             assert_eq!(to_millis(Duration::from_micros(1500)), 1);
             assert_eq!(to_millis(Duration::from_secs(30)), 30_000);
             assert_eq!(to_millis(Duration::MAX), MAX_MILLIS);
+        }
+
+        #[cfg(any(
+            feature = "postgres",
+            feature = "sqlite",
+            feature = "mysql",
+            feature = "redis"
+        ))]
+        #[test]
+        fn a_negative_count_is_a_time_already_past() {
             assert_eq!(from_millis(-5), Duration::ZERO);
             assert_eq!(from_millis(1500), Duration::from_millis(1500));
         }
