@@ -11,8 +11,8 @@ mod common;
 use std::time::Instant;
 
 use common::{
-    assert_applied_once, distinct_effects, fresh_database, publications, required_env, unique_name,
-    Run, Tally, DEADLINE, DUPLICATES, EVENTS, KILLS, SETTLED_BEFORE_KILL,
+    assert_applied_once, distinct_effects, fresh_database, kill_then_finish, publications,
+    required_env, unique_name, Tally, DEADLINE, DUPLICATES, EVENTS,
 };
 use tower_idempotency_consumer::nats::async_nats::{
     self,
@@ -99,20 +99,14 @@ async fn killed_consumers_apply_every_event_once() {
         ("MAX_ACK_PENDING", "64".to_owned()),
     ];
     let mut tally = Tally::default();
-    for _ in 0..KILLS {
-        Run::start(BINARY, &envs)
-            .kill_after(SETTLED_BEFORE_KILL, &mut tally, deadline)
-            .await;
-    }
-    Run::start(BINARY, &envs)
-        .finish_when(&mut tally, deadline, || async {
-            if distinct_effects(&pool).await != EVENTS as i64 {
-                return false;
-            }
-            let info = stream.consumer_info(CONSUMER).await.expect("consumer info");
-            info.num_pending == 0 && info.num_ack_pending == 0
-        })
-        .await;
+    kill_then_finish(BINARY, &envs, &mut tally, deadline, || async {
+        if distinct_effects(&pool).await != EVENTS as i64 {
+            return false;
+        }
+        let info = stream.consumer_info(CONSUMER).await.expect("consumer info");
+        info.num_pending == 0 && info.num_ack_pending == 0
+    })
+    .await;
 
     assert_applied_once(&pool, &publications).await;
     let info = stream.consumer_info(CONSUMER).await.expect("consumer info");

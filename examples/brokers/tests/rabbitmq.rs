@@ -9,8 +9,8 @@ mod common;
 use std::time::Instant;
 
 use common::{
-    assert_applied_once, distinct_effects, fresh_database, publications, required_env, unique_name,
-    Run, Tally, DEADLINE, EVENTS, KILLS, SETTLED_BEFORE_KILL,
+    assert_applied_once, distinct_effects, fresh_database, kill_then_finish, publications,
+    required_env, unique_name, Tally, DEADLINE, EVENTS,
 };
 use tower_idempotency_consumer::rabbitmq::lapin::{
     options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions},
@@ -92,16 +92,10 @@ async fn killed_consumers_apply_every_event_once() {
         ("PREFETCH", "32".to_owned()),
     ];
     let mut tally = Tally::default();
-    for _ in 0..KILLS {
-        Run::start(BINARY, &envs)
-            .kill_after(SETTLED_BEFORE_KILL, &mut tally, deadline)
-            .await;
-    }
-    Run::start(BINARY, &envs)
-        .finish_when(&mut tally, deadline, || async {
-            distinct_effects(&pool).await == EVENTS as i64 && ready(&channel, &queue).await == 0
-        })
-        .await;
+    kill_then_finish(BINARY, &envs, &mut tally, deadline, || async {
+        distinct_effects(&pool).await == EVENTS as i64 && ready(&channel, &queue).await == 0
+    })
+    .await;
 
     assert_applied_once(&pool, &publications).await;
     assert_eq!(

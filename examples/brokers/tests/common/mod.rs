@@ -133,3 +133,25 @@ pub fn report(broker: &str, tally: &Tally, published: usize, started: Instant) {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// The consumer's runs: [`KILLS`] runs SIGKILLed once each has settled [`SETTLED_BEFORE_KILL`]
+/// deliveries, then one left to run until `done` holds; every run's lines counted in `tally`.
+pub async fn kill_then_finish<F, Fut>(
+    binary: &str,
+    envs: &[(&str, String)],
+    tally: &mut Tally,
+    deadline: Instant,
+    done: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..KILLS {
+        Run::start(binary, envs)
+            .kill_after(SETTLED_BEFORE_KILL, tally, deadline)
+            .await;
+    }
+    Run::start(binary, envs)
+        .finish_when(tally, deadline, done)
+        .await;
+}
