@@ -572,6 +572,24 @@ async fn latency_beyond_the_store_timeout(server: &Server, proxy: &FaultProxy) -
     keys
 }
 
+/// With `db`'s pool warmed (so the timeouts hit live connections, not only connection
+/// attempts): [`latency_beyond_the_store_timeout`], then no connection leaked, every key executes
+/// once, and still no connection leaked.
+async fn latency_then_every_key_once<DB: Backend>(
+    db: &Proxied<DB>,
+    server: &Server,
+    max_connections: u32,
+) {
+    assert_eq!(
+        server.post("/orders", "warm").await.status,
+        StatusCode::CREATED
+    );
+    let keys = latency_beyond_the_store_timeout(server, &db.proxy).await;
+    db.wait_pool_whole(max_connections).await;
+    after_the_latency_every_key_executes_once(server, &keys).await;
+    db.wait_pool_whole(max_connections).await;
+}
+
 async fn after_the_latency_every_key_executes_once(server: &Server, keys: &[String]) {
     // A claim that landed late holds its key until it is released or its lease lapses.
     let tries = (LEASE.as_millis() / 200 + 20) as usize;
@@ -667,15 +685,7 @@ async fn latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_connection
     let db = Proxied::<DB>::start(max_connections).await;
     let layer = db.layer().with_store_timeout(STORE_TIMEOUT);
     let server = serve(layer, db.proxy.clone()).await;
-    // Warm the pool so the timeouts hit live connections, not only connection attempts.
-    assert_eq!(
-        server.post("/orders", "warm").await.status,
-        StatusCode::CREATED
-    );
-    let keys = latency_beyond_the_store_timeout(&server, &db.proxy).await;
-    db.wait_pool_whole(max_connections).await;
-    after_the_latency_every_key_executes_once(&server, &keys).await;
-    db.wait_pool_whole(max_connections).await;
+    latency_then_every_key_once(&db, &server, max_connections).await;
 }
 
 async fn latency_at_the_commit_is_503_quickly_and_the_work_rolls_back<DB: Backend>() {
@@ -812,13 +822,7 @@ async fn postgres_latency_in_wait_mode_is_503_quickly() {
         .with_store_timeout(STORE_TIMEOUT)
         .wait_for_in_flight(Duration::from_secs(10));
     let server = serve(layer, db.proxy.clone()).await;
-    assert_eq!(
-        server.post("/orders", "warm").await.status,
-        StatusCode::CREATED
-    );
-    let keys = latency_beyond_the_store_timeout(&server, &db.proxy).await;
-    db.wait_pool_whole(max_connections).await;
-    after_the_latency_every_key_executes_once(&server, &keys).await;
+    latency_then_every_key_once(&db, &server, max_connections).await;
 }
 
 // ------------------------------------------------------------------------------------------------
