@@ -38,3 +38,26 @@ pub fn redis_client() -> redis::Client {
     redis::Client::open(url.as_str())
         .unwrap_or_else(|e| panic!("REDIS_URL={url} is not a valid Redis URL: {e}"))
 }
+
+/// A router whose `POST /orders` answers 201 behind the layer on `store` (standard mode), and
+/// the count of the handler's runs: for the tests that ask only whether the handler ran.
+pub fn counted_orders<St: tower_idempotency::store::Store>(
+    store: St,
+) -> (axum::Router, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let app = axum::Router::new()
+        .route(
+            "/orders",
+            axum::routing::post(move || async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                http::StatusCode::CREATED
+            }),
+        )
+        .layer(tower_idempotency::Idempotency::new(store));
+    (app, runs)
+}

@@ -3,23 +3,15 @@
 //!
 //! Run with `DATABASE_URL` set (see `scripts/test.sh`).
 
-use std::sync::{
-    atomic::{AtomicUsize, Ordering},
-    Arc,
-};
+use std::sync::atomic::Ordering;
 
 use axum::{
     body::Body,
     http::{Request, StatusCode},
-    routing::post,
-    Router,
 };
 use tower::ServiceExt;
-use tower_idempotency::{
-    store::{postgres::PostgresStore, sqlite::SqliteStore, MemoryStore, Store},
-    Idempotency,
-};
-use tower_idempotency_tests::{fresh_postgres_pool, fresh_sqlite_pool};
+use tower_idempotency::store::{postgres::PostgresStore, sqlite::SqliteStore, MemoryStore, Store};
+use tower_idempotency_tests::{counted_orders, fresh_postgres_pool, fresh_sqlite_pool};
 
 /// POST one request with a fresh key; the status, `Retry-After`, the problem's title, and how
 /// often the handler ran.
@@ -27,19 +19,7 @@ async fn post_once(
     store: impl Store,
     requests: usize,
 ) -> Vec<(StatusCode, Option<String>, String)> {
-    let runs = Arc::new(AtomicUsize::new(0));
-    let app = Router::new()
-        .route(
-            "/orders",
-            post({
-                let runs = runs.clone();
-                move || async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    StatusCode::CREATED
-                }
-            }),
-        )
-        .layer(Idempotency::new(store));
+    let (app, runs) = counted_orders(store);
     let mut answers = Vec::new();
     for i in 0..requests {
         let request = Request::post("/orders")

@@ -7,10 +7,7 @@
 //! Run with `MYSQL_URL` set (see `scripts/test.sh`).
 
 use std::{
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
+    sync::{atomic::Ordering, Arc},
     time::{Duration, Instant},
 };
 
@@ -31,7 +28,7 @@ use tower_idempotency_tests::{
         bounded, claim_of, claimed, random_key, response, retry_of, retry_with_lease, until, DAY,
         LONG, MARGIN,
     },
-    fresh_mysql_database, fresh_mysql_pool, Isolation,
+    counted_orders, fresh_mysql_database, fresh_mysql_pool, Isolation,
 };
 
 /// A migrated store on a pool of one connection, so consecutive statements share a session.
@@ -450,19 +447,7 @@ async fn a_locked_record_past_the_lock_wait_timeout_is_a_503() {
         .unwrap();
     let store = MySqlStore::new(pool.clone());
     store.migrate().await.unwrap();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let app = Router::new()
-        .route(
-            "/orders",
-            post({
-                let runs = runs.clone();
-                move || async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    StatusCode::CREATED
-                }
-            }),
-        )
-        .layer(Idempotency::new(store));
+    let (app, runs) = counted_orders(store);
     let post_key = || {
         Request::post("/orders")
             .header("idempotency-key", "locked-1")

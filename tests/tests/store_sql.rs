@@ -9,8 +9,8 @@ use std::{
 };
 
 use tower_idempotency::store::{
-    mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, ClaimOutcome, Fenced, Store,
-    StoreError, TransactionalStore,
+    mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, ClaimOutcome, Fenced, Hold,
+    Store, StoreError, StoredResponse, TransactionalStore,
 };
 use tower_idempotency_tests::{
     contract::{
@@ -80,32 +80,31 @@ backend!(
 // The suite
 // ---------------------------------------------------------------------------------------------
 
+/// `complete_in` inside a transaction begun for it, left open for the test to end.
+async fn complete_in_new_tx<B: Backend>(
+    store: &B,
+    hold: &Hold,
+    response: &StoredResponse,
+) -> (sqlx::Transaction<'static, B::Database>, Fenced) {
+    let mut tx = store.pool().begin().await.unwrap();
+    let fenced = store.complete_in(&mut tx, hold, response).await.unwrap();
+    (tx, fenced)
+}
+
 async fn complete_in_a_rolled_back_transaction_leaves_the_record_running<B: Backend>() {
     let store = B::fresh(2).await;
     let claim = claim_of(random_key(), "a", LONG, DAY);
     store.claim(&claim).await.unwrap();
 
-    let mut tx = store.pool().begin().await.unwrap();
-    assert_eq!(
-        store
-            .complete_in(&mut tx, &claim.hold(), &response())
-            .await
-            .unwrap(),
-        Fenced::Applied
-    );
+    let (tx, fenced) = complete_in_new_tx(&store, &claim.hold(), &response()).await;
+    assert_eq!(fenced, Fenced::Applied);
     tx.rollback().await.unwrap();
     assert!(is_in_flight(&store.claim(&retry_of(&claim)).await.unwrap()));
 
     // Committed, the same write is the saved answer.
-    let mut tx = store.pool().begin().await.unwrap();
     let saved = response();
-    assert_eq!(
-        store
-            .complete_in(&mut tx, &claim.hold(), &saved)
-            .await
-            .unwrap(),
-        Fenced::Applied
-    );
+    let (tx, fenced) = complete_in_new_tx(&store, &claim.hold(), &saved).await;
+    assert_eq!(fenced, Fenced::Applied);
     tx.commit().await.unwrap();
     assert_eq!(
         store.claim(&retry_of(&claim)).await.unwrap(),
@@ -123,14 +122,8 @@ async fn complete_in_with_a_stale_token_is_lost<B: Backend>() {
     let new = retry_with_lease(&old, LONG);
     assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
 
-    let mut tx = store.pool().begin().await.unwrap();
-    assert_eq!(
-        store
-            .complete_in(&mut tx, &old.hold(), &response())
-            .await
-            .unwrap(),
-        Fenced::Lost
-    );
+    let (tx, fenced) = complete_in_new_tx(&store, &old.hold(), &response()).await;
+    assert_eq!(fenced, Fenced::Lost);
     tx.rollback().await.unwrap();
     assert!(is_in_flight(&store.claim(&retry_of(&old)).await.unwrap()));
 }
@@ -285,11 +278,7 @@ async fn postgres_wait_for_change_wakes_on_another_instance_s_complete() {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     // Completed inside a transaction: the notification goes out on commit, not before.
-    let mut tx = there.pool().begin().await.unwrap();
-    let fenced = there
-        .complete_in(&mut tx, &claim.hold(), &response())
-        .await
-        .unwrap();
+    let (tx, fenced) = complete_in_new_tx(&there, &claim.hold(), &response()).await;
     assert_eq!(fenced, Fenced::Applied);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "no notification before the commit");

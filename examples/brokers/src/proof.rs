@@ -23,10 +23,30 @@ use tokio::{
     process::{Child, Command},
     sync::mpsc,
 };
+use tower_idempotency_consumer::rabbitmq::lapin::{
+    options::QueueDeclareOptions, types::FieldTable, Channel,
+};
 
 /// `name`, or a panic that says how to set it.
 pub fn required_env(name: &str, example: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: export {name}={example}"))
+}
+
+/// Messages ready in the RabbitMQ queue `queue` (not delivered to any consumer): a proof is over
+/// when none is left.
+pub async fn rabbitmq_ready(channel: &Channel, queue: &str) -> u32 {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .expect("inspect the queue")
+        .message_count()
 }
 
 /// A name no other run uses: `<prefix>_<uuid>`.

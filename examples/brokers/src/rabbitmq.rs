@@ -10,7 +10,7 @@ use tower_idempotency_consumer::rabbitmq::{
     lapin::{
         options::{BasicConsumeOptions, BasicQosOptions, QueueDeclareOptions},
         types::FieldTable,
-        Connection, ConnectionProperties,
+        Channel, Connection, ConnectionProperties,
     },
 };
 
@@ -55,6 +55,27 @@ pub async fn run_from_env() -> Result<(), Box<dyn std::error::Error>> {
     run(pool, settings, shutdown_signal()).await
 }
 
+/// A connection to the broker at `amqp_url` and a channel on which `queue` is declared
+/// (durable, no arguments): the consumer's declaration, which a publisher repeats so that nothing
+/// it publishes before the consumer first starts is unroutable.
+pub async fn open_queue(
+    amqp_url: &str,
+    queue: &str,
+) -> Result<(Connection, Channel), Box<dyn std::error::Error + Send + Sync>> {
+    let connection = Connection::connect(amqp_url, ConnectionProperties::default())
+        .await
+        .map_err(|err| format!("cannot reach RabbitMQ at AMQP_URL={amqp_url}: {err}"))?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((connection, channel))
+}
+
 /// Consume `settings.queue` until `shutdown` resolves, applying each event once on `pool`;
 /// then finish the deliveries in hand and close the connection.
 pub async fn run(
@@ -63,24 +84,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let consumer = migrate(&pool).await?;
-    let connection = Connection::connect(&settings.amqp_url, ConnectionProperties::default())
+    let (connection, channel) = open_queue(&settings.amqp_url, &settings.queue)
         .await
-        .map_err(|err| {
-            format!(
-                "cannot reach RabbitMQ at AMQP_URL={}: {err}",
-                settings.amqp_url
-            )
-        })?;
-    let channel = connection.create_channel().await?;
+        .map_err(|err| -> Box<dyn std::error::Error> { err })?;
     channel
         .basic_qos(settings.prefetch, BasicQosOptions::default())
-        .await?;
-    channel
-        .queue_declare(
-            settings.queue.as_str().into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
         .await?;
     // Manual acknowledgements (`no_ack: false`): a delivery stays the broker's until acked.
     let mut deliveries = channel

@@ -8,33 +8,17 @@ mod common;
 
 use std::time::Instant;
 
+use broker_consumers_example::{proof::rabbitmq_ready, rabbitmq::open_queue};
 use common::{
     assert_applied_once, distinct_effects, fresh_database, kill_then_finish, publications,
     required_env, unique_name, Tally, DEADLINE, EVENTS,
 };
 use tower_idempotency_consumer::rabbitmq::lapin::{
-    options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions},
-    types::FieldTable,
-    BasicProperties, Channel, Connection, ConnectionProperties,
+    options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions},
+    BasicProperties,
 };
 
 const BINARY: &str = env!("CARGO_BIN_EXE_rabbitmq-consumer");
-
-/// Messages ready in `queue` (not delivered to any consumer).
-async fn ready(channel: &Channel, queue: &str) -> u32 {
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("inspect the queue")
-        .message_count()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_consumers_apply_every_event_once() {
@@ -44,19 +28,10 @@ async fn killed_consumers_apply_every_event_once() {
     let (pool, database_url) = fresh_database().await;
     let queue = unique_name("tidem_rabbitmq");
 
-    let connection = Connection::connect(&amqp_url, ConnectionProperties::default())
+    // The same declaration as the consumer's.
+    let (connection, channel) = open_queue(&amqp_url, &queue)
         .await
-        .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at AMQP_URL={amqp_url}: {e}"));
-    let channel = connection.create_channel().await.expect("a channel");
-    // The same declaration as the consumer's: durable, no arguments.
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
-        .await
-        .expect("declare the queue");
+        .unwrap_or_else(|e| panic!("open the queue: {e}"));
     channel
         .confirm_select(ConfirmSelectOptions::default())
         .await
@@ -93,13 +68,14 @@ async fn killed_consumers_apply_every_event_once() {
     ];
     let mut tally = Tally::default();
     kill_then_finish(BINARY, &envs, &mut tally, deadline, || async {
-        distinct_effects(&pool).await == EVENTS as i64 && ready(&channel, &queue).await == 0
+        distinct_effects(&pool).await == EVENTS as i64
+            && rabbitmq_ready(&channel, &queue).await == 0
     })
     .await;
 
     assert_applied_once(&pool, &publications).await;
     assert_eq!(
-        ready(&channel, &queue).await,
+        rabbitmq_ready(&channel, &queue).await,
         0,
         "every message was acknowledged"
     );

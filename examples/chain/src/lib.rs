@@ -40,7 +40,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use broker_consumers_example::proof::{fresh_database, unique_name, Run, Tally};
+use broker_consumers_example::{
+    proof::{fresh_database, rabbitmq_ready, unique_name, Run, Tally},
+    rabbitmq::open_queue,
+};
 use bytes::Bytes;
 use fault_proxy::FaultProxy;
 use futures_util::{stream, StreamExt};
@@ -50,11 +53,7 @@ use hyper_util::{
     client::legacy::{connect::HttpConnector, Client},
     rt::TokioExecutor,
 };
-use lapin::{
-    options::{QueueDeclareOptions, QueueDeleteOptions},
-    types::FieldTable,
-    Channel, Connection, ConnectionProperties,
-};
+use lapin::options::QueueDeleteOptions;
 use orders_api::{Config, Db, ServerConfig};
 use sqlx::{Executor, PgPool};
 use tower::ServiceExt;
@@ -284,22 +283,6 @@ async fn place(client: &IdempotentRetry<HyperClient>, url: &Uri, n: usize) -> Pl
     }
 }
 
-/// Messages ready in `queue` (not delivered to any consumer).
-async fn ready(channel: &Channel, queue: &str) -> u32 {
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("inspect the queue")
-        .message_count()
-}
-
 async fn count(pool: &PgPool, sql: &'static str) -> usize {
     let n: i64 = sqlx::query_scalar(sql)
         .fetch_one(pool)
@@ -326,17 +309,7 @@ pub async fn run(settings: &Settings) -> Result<Report, BoxError> {
     let queue = unique_name("tidem_chain");
 
     // The broker: the queue, and a channel to look at it.
-    let connection = Connection::connect(&amqp_url, ConnectionProperties::default())
-        .await
-        .map_err(|e| format!("cannot reach RabbitMQ at AMQP_URL={amqp_url}: {e}"))?;
-    let channel = connection.create_channel().await?;
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
-        .await?;
+    let (connection, channel) = open_queue(&amqp_url, &queue).await?;
 
     // The orders API with its outbox, behind the lossy proxy.
     let db = Db::Postgres(orders_pool.clone());
@@ -459,7 +432,7 @@ pub async fn run(settings: &Settings) -> Result<Report, BoxError> {
                 relay_done.load(Ordering::SeqCst)
                     && count(&ledger_pool, "SELECT count(DISTINCT event_id) FROM effects").await
                         >= count(&orders_pool, "SELECT count(*) FROM orders").await
-                    && ready(&channel, &queue).await == 0
+                    && rabbitmq_ready(&channel, &queue).await == 0
             })
             .await;
         (kills, tally)
@@ -526,7 +499,7 @@ pub async fn run(settings: &Settings) -> Result<Report, BoxError> {
             "SELECT count(*) FROM processed_events WHERE status = 'processed'",
         )
         .await,
-        left_in_queue: ready(&channel, &queue).await,
+        left_in_queue: rabbitmq_ready(&channel, &queue).await,
         elapsed: started.elapsed(),
         databases: [&orders_url, &ledger_url]
             .iter()

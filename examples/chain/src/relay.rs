@@ -21,10 +21,10 @@
 
 use std::{future::Future, io::Write, time::Duration};
 
+use broker_consumers_example::rabbitmq::open_queue;
 use lapin::{
-    options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions},
-    types::FieldTable,
-    BasicProperties, Channel, Confirmation, Connection, ConnectionProperties,
+    options::{BasicPublishOptions, ConfirmSelectOptions},
+    BasicProperties, Channel, Confirmation,
 };
 use sqlx::PgPool;
 
@@ -94,26 +94,9 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), BoxError> {
-    let connection = Connection::connect(&settings.amqp_url, ConnectionProperties::default())
-        .await
-        .map_err(|err| {
-            format!(
-                "cannot reach RabbitMQ at AMQP_URL={}: {err}",
-                settings.amqp_url
-            )
-        })?;
-    let channel = connection.create_channel().await?;
+    let (connection, channel) = open_queue(&settings.amqp_url, &settings.queue).await?;
     channel
         .confirm_select(ConfirmSelectOptions::default())
-        .await?;
-    // The consumer's declaration: durable, no arguments. Declared here too, so that nothing
-    // published before the consumer first starts is unroutable.
-    channel
-        .queue_declare(
-            settings.queue.as_str().into(),
-            QueueDeclareOptions::durable(),
-            FieldTable::default(),
-        )
         .await?;
     let (stop, mut stopping) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
