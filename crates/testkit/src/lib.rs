@@ -2,7 +2,8 @@
 //! fresh database per test (PostgreSQL, MySQL, SQLite), a router served on a fresh port, and
 //! waiting for a spawned binary to be ready.
 //!
-//! Never published, and only ever a dev-dependency (or the dependency of a test-only crate).
+//! Never published, and only ever a dev-dependency (or the dependency of a test-only crate, or
+//! of an example's proof harness).
 //!
 //! URLs are read at run time. A missing variable fails the test with the variable's name: the
 //! database tests never skip themselves. Every database a test creates is named `tidem_..`, and

@@ -14,10 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sqlx::{
-    postgres::{PgConnectOptions, PgPoolOptions},
-    ConnectOptions, Connection, Executor, PgPool,
-};
+use sqlx::{postgres::PgPoolOptions, PgPool};
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},
@@ -26,11 +23,8 @@ use tokio::{
 use tower_idempotency_consumer::rabbitmq::lapin::{
     options::QueueDeclareOptions, types::FieldTable, Channel,
 };
-
-/// `name`, or a panic that says how to set it.
-pub fn required_env(name: &str, example: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: export {name}={example}"))
-}
+/// `name` from the environment, or a panic that says how to set it; a name no other run uses.
+pub use tower_idempotency_testkit::{env_url as required_env, unique_name};
 
 /// Messages ready in the RabbitMQ queue `queue` (not delivered to any consumer): a proof is over
 /// when none is left.
@@ -49,34 +43,18 @@ pub async fn rabbitmq_ready(channel: &Channel, queue: &str) -> u32 {
         .message_count()
 }
 
-/// A name no other run uses: `<prefix>_<uuid>`.
-pub fn unique_name(prefix: &str) -> String {
-    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
-}
-
 /// A freshly created, empty PostgreSQL database on the server of `DATABASE_URL`, named
 /// [`unique_name`]`(prefix)`; returns its pool (at most `max_connections`) and its URL.
 ///
 /// Start `prefix` with `tidem_`, so `scripts/test.sh` drops the database on its next run.
 pub async fn fresh_database(prefix: &str, max_connections: u32) -> (PgPool, String) {
-    let url = required_env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test");
-    let db = unique_name(prefix);
-    let mut admin = sqlx::PgConnection::connect(&url)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at DATABASE_URL={url}: {e}"));
-    admin
-        .execute(sqlx::AssertSqlSafe(format!(r#"CREATE DATABASE "{db}""#)))
-        .await
-        .expect("create the test database");
-    admin.close().await.ok();
-    let options: PgConnectOptions = url.parse().expect("DATABASE_URL parses");
-    let db_url = options.database(&db).to_url_lossy().to_string();
+    let db = tower_idempotency_testkit::fresh_postgres(prefix).await;
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
-        .connect(&db_url)
+        .connect_with(db.options)
         .await
         .expect("connect to the test database");
-    (pool, db_url)
+    (pool, db.url)
 }
 
 /// What the consumer runs reported, summed over every run.
