@@ -15,6 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use common::serve;
 use orders_api::{Config, Db, Order};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -28,17 +29,6 @@ async fn bounded(test: impl Future<Output = ()>) {
     tokio::time::timeout(TEST_TIMEOUT, test)
         .await
         .expect("the test finished within its time bound");
-}
-
-/// Serve `db` with `config` on 127.0.0.1 (a free port); the base URL.
-async fn serve(db: Db, config: Config) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr = listener.local_addr().expect("bound address");
-    let app = orders_api::app(db, config);
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    format!("http://{addr}")
 }
 
 fn client() -> reqwest::Client {

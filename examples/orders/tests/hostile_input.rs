@@ -9,6 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::serve;
 use orders_api::{Config, Db, DbFault};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -17,21 +18,6 @@ use tower_idempotency_testkit::{
 };
 
 const BODY: &str = r#"{"customerId": "c_1", "totalCents": 4000}"#;
-
-async fn serve(db: Db, config: Config) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr = listener.local_addr().expect("bound address");
-    let app = orders_api::app(db, config);
-    tokio::spawn(orders_api::serve(
-        listener,
-        app,
-        Default::default(),
-        std::future::pending(),
-    ));
-    format!("http://{addr}")
-}
 
 async fn postgres() -> Db {
     let db = Db::Postgres(fresh_postgres_pool(8).await);

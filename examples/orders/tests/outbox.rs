@@ -23,11 +23,7 @@ async fn serve(outbox: bool) -> (String, sqlx::PgPool) {
         outbox,
         ..Config::default()
     };
-    let app = orders_api::app(db, config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}"), pool)
+    (common::serve(db, config).await, pool)
 }
 
 /// `POST /orders` with `key`; the status, whether it was a replay, and the body.

@@ -9,6 +9,24 @@ use std::net::SocketAddr;
 
 use orders_api::{Config, Db};
 
+/// Serve the app on `db` with `config`, through the API's own server (its timeouts and
+/// connection bound), on a free port of 127.0.0.1; its address.
+pub async fn serve_at(db: Db, config: Config) -> SocketAddr {
+    let (listener, addr) = tower_idempotency_testkit::free_port().await;
+    tokio::spawn(orders_api::serve(
+        listener,
+        orders_api::app(db, config),
+        Default::default(),
+        std::future::pending(),
+    ));
+    addr
+}
+
+/// [`serve_at`], as a base URL (`http://ADDR`).
+pub async fn serve(db: Db, config: Config) -> String {
+    format!("http://{}", serve_at(db, config).await)
+}
+
 /// Serve the app on a fresh SQLite file whose name starts with `label`; its address and database.
 pub async fn serve_on_fresh_sqlite(label: &str) -> (SocketAddr, Db) {
     let path = tower_idempotency_testkit::fresh_sqlite_path(label);
@@ -16,9 +34,7 @@ pub async fn serve_on_fresh_sqlite(label: &str) -> (SocketAddr, Db) {
         .await
         .expect("open a fresh SQLite file");
     db.migrate().await.expect("migrate");
-    let app = orders_api::app(db.clone(), Config::default());
-    let (addr, _task) = tower_idempotency_testkit::serve(app).await;
-    (addr, db)
+    (serve_at(db.clone(), Config::default()).await, db)
 }
 
 #[allow(unused_imports)] // each test binary uses its own part
