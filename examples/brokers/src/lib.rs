@@ -109,6 +109,29 @@ pub fn env(name: &str) -> Result<String, String> {
     std::env::var(name).map_err(|_| format!("{name} is not set"))
 }
 
+/// The environment variable `name` as a number, `default` when it is not set, or an error that
+/// names it when it does not parse.
+pub fn env_number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(value) => value
+            .trim()
+            .parse()
+            .map_err(|_| format!("{name}={value:?} is not a valid number")),
+    }
+}
+
+/// A binary's exit: success, or the error on stderr and failure.
+pub fn exit_code(result: Result<(), impl std::fmt::Display>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Log to stderr at `RUST_LOG` (default `info`), keeping stdout for [`report`] lines.
 pub fn init_tracing() {
     tracing_subscriber::fmt()

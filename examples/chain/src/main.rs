@@ -15,36 +15,21 @@
 
 use std::process::ExitCode;
 
+use broker_consumers_example::{env_number, exit_code};
 use order_chain::{run, BoxError, Settings};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match start().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn parsed<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(value) => value
-            .trim()
-            .parse()
-            .map_err(|_| format!("{name}={value:?} is not a valid number")),
-    }
+    exit_code(start().await)
 }
 
 async fn start() -> Result<(), BoxError> {
     let here = std::env::current_exe()?;
     let dir = here.parent().ok_or("the binary is in a directory")?;
     let mut settings = Settings::new(dir.join("chain-relay"), dir.join("chain-consumer"));
-    settings.intents = parsed("INTENTS", settings.intents)?;
-    settings.loss_rate = parsed("LOSS_RATE", settings.loss_rate)?;
-    settings.seed = parsed("SEED", settings.seed)?;
+    settings.intents = env_number("INTENTS", settings.intents)?;
+    settings.loss_rate = env_number("LOSS_RATE", settings.loss_rate)?;
+    settings.seed = env_number("SEED", settings.seed)?;
     if !(0.0..1.0).contains(&settings.loss_rate) {
         return Err(format!("LOSS_RATE={} is not in [0, 1)", settings.loss_rate).into());
     }

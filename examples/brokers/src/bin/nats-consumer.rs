@@ -19,27 +19,12 @@
 
 use std::{process::ExitCode, time::Duration};
 
-use broker_consumers_example::{env, init_tracing, nats, shutdown_signal};
+use broker_consumers_example::{env, env_number, exit_code, init_tracing, nats, shutdown_signal};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     init_tracing();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn number<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(value) => value
-            .parse()
-            .map_err(|_| format!("{name}={value:?} is not a positive whole number")),
-    }
+    exit_code(run().await)
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -48,8 +33,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         nats_url: std::env::var("NATS_URL").unwrap_or_else(|_| "127.0.0.1:4222".into()),
         stream: std::env::var("STREAM").unwrap_or_else(|_| "PAYMENTS".into()),
         consumer: std::env::var("CONSUMER").unwrap_or_else(|_| "ledger".into()),
-        ack_wait: Duration::from_millis(number("ACK_WAIT_MS", 30_000)?),
-        max_ack_pending: number("MAX_ACK_PENDING", 32)?,
+        ack_wait: Duration::from_millis(env_number("ACK_WAIT_MS", 30_000)?),
+        max_ack_pending: env_number("MAX_ACK_PENDING", 32)?,
     };
     let pool = sqlx::PgPool::connect(&database_url)
         .await

@@ -16,16 +16,10 @@
 
 use std::process::ExitCode;
 
-use broker_consumers_example::{init_tracing, rabbitmq};
+use broker_consumers_example::{exit_code, init_tracing, rabbitmq};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     init_tracing();
-    match rabbitmq::run_from_env().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code(rabbitmq::run_from_env().await)
 }

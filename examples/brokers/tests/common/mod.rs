@@ -119,8 +119,19 @@ pub async fn assert_applied_once(pool: &PgPool, publications: &[Publication]) {
     assert_eq!(other, 0, "no event failed or was parked");
 }
 
-/// Print the figures of a proof run (shown with `--no-capture`; the README quotes them).
-pub fn report(broker: &str, tally: &Tally, published: usize, started: Instant) {
+/// What the consumer's lines must show after the kills: redeliveries, duplicates absorbed, no
+/// failed delivery; then the figures of the run, printed (shown with `--no-capture`; the README
+/// quotes them).
+pub fn assert_settled_and_report(broker: &str, tally: &Tally, published: usize, started: Instant) {
+    assert!(
+        tally.redelivered > 0,
+        "the kills caused redeliveries: {tally:?}"
+    );
+    assert!(
+        tally.duplicate > 0,
+        "duplicates reached the consumer and were absorbed: {tally:?}"
+    );
+    assert_eq!(tally.other, 0, "no delivery failed: {tally:?}");
     println!(
         "{broker} proof: {EVENTS} events, {published} published, {KILLS} SIGKILLs; \
          {} deliveries settled: {} applied, {} duplicates absorbed, {} flagged redelivered, \

@@ -15,19 +15,13 @@
 
 use std::process::ExitCode;
 
-use broker_consumers_example::{env, init_tracing, shutdown_signal};
+use broker_consumers_example::{env, exit_code, init_tracing, shutdown_signal};
 use order_chain::relay;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     init_tracing();
-    match run().await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::FAILURE
-        }
-    }
+    exit_code(run().await)
 }
 
 async fn run() -> Result<(), order_chain::BoxError> {
