@@ -22,8 +22,14 @@ use tower_idempotency_tests::{
 
 /// What the suite needs from a backend beyond the [`Store`] traits.
 trait Backend: TransactionalStore + Clone + Sized {
+    /// A store on a fresh, empty database (not migrated), with a pool of `connections`.
+    async fn unmigrated(connections: u32) -> Self;
     /// A migrated store on a fresh database, with a pool of `connections`.
-    async fn fresh(connections: u32) -> Self;
+    async fn fresh(connections: u32) -> Self {
+        let store = Self::unmigrated(connections).await;
+        store.run_migrations().await.expect("migrate");
+        store
+    }
     /// Whether a table of that name exists.
     async fn table_exists(&self, name: &str) -> bool;
     /// The store's own `migrate`.
@@ -39,10 +45,8 @@ macro_rules! backend {
                 self.migrate()
             }
 
-            async fn fresh($connections: u32) -> Self {
-                let store = $store::new($pool);
-                store.run_migrations().await.expect("migrate");
-                store
+            async fn unmigrated($connections: u32) -> Self {
+                $store::new($pool)
             }
 
             async fn table_exists(&self, name: &str) -> bool {
@@ -183,15 +187,7 @@ async fn migrate_twice_uses_its_own_tracking_table<B: Backend>() {
     let store = B::fresh(4).await; // migrated once already
     store.run_migrations().await.expect("second migrate");
     // Concurrent migrations (several instances starting at once) all succeed.
-    let runs: Vec<_> = (0..4)
-        .map(|_| {
-            let store = store.clone();
-            tokio::spawn(async move { store.run_migrations().await })
-        })
-        .collect();
-    for run in runs {
-        run.await.unwrap().expect("concurrent migrate");
-    }
+    migrate_at_once(&store, 4).await;
     assert!(store.table_exists("idempotency_records").await);
     assert!(store.table_exists("_tower_idempotency_migrations").await);
     assert!(!store.table_exists("_sqlx_migrations").await);
@@ -199,8 +195,19 @@ async fn migrate_twice_uses_its_own_tracking_table<B: Backend>() {
 
 async fn concurrent_first_migrations_succeed<B: Backend>() {
     // A fresh database, migrated by several "instances" at once from the start.
-    let store = B::fresh(4).await;
-    let runs: Vec<_> = (0..4)
+    let store = B::unmigrated(4).await;
+    assert!(!store.table_exists("idempotency_records").await);
+    migrate_at_once(&store, 4).await;
+    assert!(store.table_exists("idempotency_records").await);
+    assert!(store.table_exists("_tower_idempotency_migrations").await);
+    let claim = claim_of(random_key(), "a", LONG, DAY);
+    assert_eq!(store.claim(&claim).await.unwrap(), claimed(false));
+}
+
+/// `instances` migrations of `store`'s database at once, as instances starting together run
+/// them; each must succeed.
+async fn migrate_at_once<B: Backend>(store: &B, instances: usize) {
+    let runs: Vec<_> = (0..instances)
         .map(|_| {
             let store = store.clone();
             tokio::spawn(async move { store.run_migrations().await })

@@ -53,7 +53,12 @@ use sqlx::{
 };
 use tokio::sync::Semaphore;
 use tower_idempotency::{
-    store::{mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, DynStore},
+    store::{
+        mysql::{self, MySqlStore},
+        postgres::{self, PostgresStore},
+        sqlite::{self, SqliteStore},
+        DynStore,
+    },
     Idempotency, Sweeper, Transactional,
 };
 
@@ -170,12 +175,13 @@ impl Db {
 
     /// Create or upgrade the tables: the library's `idempotency_records` (tracked in
     /// `_tower_idempotency_migrations`), then the example's `orders`, and on PostgreSQL its
-    /// `outbox` (tracked in [`MIGRATIONS_TABLE`]). Safe to run on every start.
+    /// `outbox` (tracked in [`MIGRATIONS_TABLE`]). Safe to run on every start, from several
+    /// instances at once: the example's migrations run the way the store runs its own.
     pub async fn migrate(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         match self {
             Db::Postgres(pool) => {
                 PostgresStore::new(pool.clone()).migrate().await?;
-                migrator(&[
+                let orders = migrator(&[
                     (
                         "orders",
                         include_str!("../migrations/postgres/0001_orders.sql"),
@@ -184,27 +190,24 @@ impl Db {
                         "outbox",
                         include_str!("../migrations/postgres/0002_outbox.sql"),
                     ),
-                ])
-                .run(pool)
-                .await?;
+                ]);
+                postgres::run_migrator(pool, orders).await?;
             }
             Db::Sqlite(pool) => {
                 SqliteStore::new(pool.clone()).migrate().await?;
-                migrator(&[(
+                let orders = migrator(&[(
                     "orders",
                     include_str!("../migrations/sqlite/0001_orders.sql"),
-                )])
-                .run(pool)
-                .await?;
+                )]);
+                sqlite::run_migrator(pool, orders).await?;
             }
             Db::MySql(pool) => {
                 MySqlStore::new(pool.clone()).migrate().await?;
-                migrator(&[(
+                let orders = migrator(&[(
                     "orders",
                     include_str!("../migrations/mysql/0001_orders.sql"),
-                )])
-                .run(pool)
-                .await?;
+                )]);
+                mysql::run_migrator(pool, orders).await?;
             }
         }
         Ok(())

@@ -390,6 +390,31 @@ async fn invalid_input_is_400_problem(db: Db) {
     assert_eq!(common::count_orders(&db).await, 1);
 }
 
+/// Instances starting at once on a fresh database (each with its own pool) all migrate it, the
+/// store's table and the example's, and it then takes orders.
+async fn instances_starting_at_once_all_migrate(db: Db) {
+    let mut instances = vec![db.clone()];
+    for _ in 1..4 {
+        instances.push(second_pool(&db).await);
+    }
+    let starts: Vec<_> = instances
+        .into_iter()
+        .map(|instance| {
+            tokio::spawn(async move { instance.migrate().await.map_err(|e| e.to_string()) })
+        })
+        .collect();
+    for start in starts {
+        start
+            .await
+            .expect("the start task")
+            .expect("every instance migrates");
+    }
+    let base = serve(db.clone(), Config::default()).await;
+    let created = answer(post(&client(), &base, "after-the-migrations", BODY)).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    assert_eq!(common::count_orders(&db).await, 1);
+}
+
 async fn orders_can_be_read_back(db: Db) {
     let base = serve(db.clone(), Config::default()).await;
     let client = client();
@@ -488,6 +513,14 @@ macro_rules! orders_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn invalid_input_is_400_problem() {
                 bounded(super::invalid_input_is_400_problem(fresh().await)).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn instances_starting_at_once_all_migrate() {
+                bounded(super::instances_starting_at_once_all_migrate(Db::$variant(
+                    $fresh(16).await,
+                )))
+                .await
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -12,7 +12,7 @@ use std::{future::Future, marker::PhantomData, sync::Arc, time::Duration};
 use bytes::Bytes;
 use sqlx::{
     error::BoxDynError,
-    migrate::{Migrate, MigrateError, Migration, MigrationType, Migrator},
+    migrate::{Migration, MigrationType, Migrator},
     Arguments, AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
     Row, SqlSafeStr, Type,
 };
@@ -66,7 +66,8 @@ macro_rules! statements {
 /// `with_table`, `table`, `pool`, `migrate`, `check_schema`, `Debug`, and the `MIGRATIONS` the
 /// store embeds, from the repository's `migrations/<module>/`; `reads`, inside `impl Store`, the
 /// operators' `get`, `forget` and `stats` as plain statements. The store keeps `pool`, `table`,
-/// `queries`, `batching` and `batches` in `inner`, has a `MIGRATE_ATTEMPTS` const, and has
+/// `queries`, `batching` and `batches` in `inner`, has a public `run_migrator` (how a
+/// [`Migrator`] runs safely on that database from several processes at once), and has
 /// `fn build(pool, batching, table)`, which `with_table` calls with the pool and batching it keeps.
 macro_rules! sql_store {
     (
@@ -151,8 +152,7 @@ macro_rules! sql_store {
             /// # }
             /// ```
             pub async fn migrate(&self) -> Result<(), StoreError> {
-                let migrator = sql::migrator(&MIGRATIONS, &self.inner.table);
-                sql::migrate(&self.inner.pool, &migrator, MIGRATE_ATTEMPTS).await
+                run_migrator(&self.inner.pool, sql::migrator(&MIGRATIONS, &self.inner.table)).await
             }
 
             /// Check, without changing anything, that the table this store writes exists with
@@ -335,8 +335,9 @@ pub(super) fn migrator(migrations: &Migrations, table: &TableName) -> Migrator {
 }
 
 /// Run `migrator` on `pool`, up to `attempts` times while a run fails because another process
-/// applied the same migration meanwhile (SQLite, which has no migration lock; PostgreSQL and
-/// MySQL take one and pass 1).
+/// applied the same migration meanwhile (SQLite, which has no migration lock; PostgreSQL takes
+/// sqlx's and passes 1; MySQL takes a lock of its own, in `mysql::run_migrator`).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) async fn migrate<DB>(
     pool: &Pool<DB>,
     migrator: &Migrator,
@@ -344,15 +345,16 @@ pub(super) async fn migrate<DB>(
 ) -> Result<(), StoreError>
 where
     DB: Database,
-    DB::Connection: Migrate,
+    DB::Connection: sqlx::migrate::Migrate,
 {
     let mut attempt = 1;
     loop {
         match migrator.run(pool).await {
             Ok(()) => return Ok(()),
-            Err(MigrateError::Execute(_) | MigrateError::ExecuteMigration(..))
-                if attempt < attempts =>
-            {
+            Err(
+                sqlx::migrate::MigrateError::Execute(_)
+                | sqlx::migrate::MigrateError::ExecuteMigration(..),
+            ) if attempt < attempts => {
                 attempt += 1;
             }
             Err(err) => return Err(StoreError::new(StoreErrorKind::Migration, err)),

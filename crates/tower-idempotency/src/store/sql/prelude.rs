@@ -2,6 +2,8 @@
 //! `mysql/`: the [`Store`] contract, what it keeps and answers, its errors, and the shared pieces
 //! of `sql/` (the batching executor, the table name, the waiters).
 
+pub(super) use sqlx::migrate::Migrator;
+
 pub(super) use crate::{
     key::KeyHash,
     store::{

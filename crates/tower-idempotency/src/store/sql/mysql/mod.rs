@@ -81,8 +81,9 @@
 //! # Migrations
 //!
 //! [`MySqlStore::migrate`] applies the embedded migrations and tracks them in its own table,
-//! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. It takes
-//! sqlx's named lock (`GET_LOCK`), so several instances may call it at start-up at once.
+//! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. It runs
+//! under a named lock per database (`GET_LOCK`, see [`run_migrator`]), so several instances may
+//! call it at start-up at once.
 //!
 //! A store on another table ([`MySqlStore::with_table`]) gets the same schema under that name:
 //! `migrate` creates it and tracks it in `{table}_migrations`. With your own migration tool,
@@ -253,12 +254,55 @@ impl MySqlStore {
 sql_store!(
     MySqlStore in mysql on MySqlPool ("mysql://root@localhost/app"),
     migrations: [1 => "0001_idempotency_records.sql"],
-    migrate: "sqlx serialises them with a named lock (`GET_LOCK`)",
+    migrate: "a named lock per database (`GET_LOCK`) keeps them apart, on MariaDB too",
     batching: "concurrent claims share their reads"
 );
 
-/// `migrate` runs once: sqlx's named lock keeps concurrent runs apart.
-const MIGRATE_ATTEMPTS: usize = 1;
+/// How long a migration run waits for another process's run on the same database.
+const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(60);
+
+/// Take the named lock that keeps migrations of one database apart (lock names are
+/// server-wide, and at most 64 characters), waiting up to `?` seconds; 1 when taken.
+const LOCK_MIGRATIONS: &str =
+    "SELECT GET_LOCK(CONCAT('tower_idempotency_migrate_', MD5(DATABASE())), ?)";
+/// Let it go.
+const UNLOCK_MIGRATIONS: &str =
+    "SELECT RELEASE_LOCK(CONCAT('tower_idempotency_migrate_', MD5(DATABASE())))";
+
+/// Run `migrator` on `pool` as [`MySqlStore::migrate`] runs the store's own migrations, safe
+/// from several processes at once: under a named lock per database (`GET_LOCK`, waited for up to
+/// a minute) on the connection that runs them, so an application can run its own migrations the
+/// same way beside the store's.
+///
+/// sqlx's own lock asks for a wait without end (`GET_LOCK(name, -1)`), which MariaDB answers
+/// with NULL at once: concurrent runs would not be kept apart there.
+pub async fn run_migrator(pool: &MySqlPool, mut migrator: Migrator) -> Result<(), StoreError> {
+    let mut conn = pool.acquire().await?;
+    let locked: Option<i64> = sqlx::query_scalar(LOCK_MIGRATIONS)
+        .bind(MIGRATION_LOCK_WAIT.as_secs())
+        .fetch_one(&mut *conn)
+        .await?;
+    if locked != Some(1) {
+        return Err(StoreError::new(
+            StoreErrorKind::Migration,
+            format!(
+                "another process held the migration lock for {} s: is a migration stuck? \
+                 Check SHOW PROCESSLIST, then run migrate again",
+                MIGRATION_LOCK_WAIT.as_secs()
+            ),
+        ));
+    }
+    migrator.set_locking(false);
+    // `run_direct`, not `run(&mut *conn)`: the latter's future cannot be shown `Send` (sqlx's
+    // "`Acquire` is not general enough").
+    let ran = migrator
+        .run_direct(None, &mut *conn, false)
+        .await
+        .map_err(|err| StoreError::new(StoreErrorKind::Migration, err));
+    // A connection that fails here is gone, and its session's lock with it.
+    let _ = sqlx::query(UNLOCK_MIGRATIONS).execute(&mut *conn).await;
+    ran
+}
 
 impl Store for MySqlStore {
     fn name(&self) -> &'static str {

@@ -274,8 +274,12 @@ fn batch_connections(pool: &PgPool, batching: Batching) -> BatchConnections {
     BatchConnections::new(options, batching.pipeline_depth() * 4, batching)
 }
 
-/// `migrate` runs once: sqlx's advisory lock keeps concurrent runs apart.
-const MIGRATE_ATTEMPTS: usize = 1;
+/// Run `migrator` on `pool` as [`PostgresStore::migrate`] runs the store's own migrations:
+/// sqlx's advisory lock keeps runs from several processes at once apart, so an application can
+/// run its own migrations the same way beside the store's.
+pub async fn run_migrator(pool: &PgPool, migrator: Migrator) -> Result<(), StoreError> {
+    sql::migrate(pool, &migrator, 1).await
+}
 
 impl Store for PostgresStore {
     fn name(&self) -> &'static str {

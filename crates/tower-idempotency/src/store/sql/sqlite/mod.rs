@@ -192,8 +192,13 @@ fn batch_connections(
     BatchConnections::new(options, read_pipeline + 2, batching)
 }
 
-/// How many times `migrate` runs when another process applied the same migration meanwhile.
-const MIGRATE_ATTEMPTS: usize = 3;
+/// Run `migrator` on `pool` as [`SqliteStore::migrate`] runs the store's own migrations, safe
+/// from several processes at once: SQLite has no migration lock, so a run that loses the race to
+/// record a version runs again (up to three times) and finds it applied. Write the migrations
+/// with `IF NOT EXISTS` for that.
+pub async fn run_migrator(pool: &SqlitePool, migrator: Migrator) -> Result<(), StoreError> {
+    sql::migrate(pool, &migrator, 3).await
+}
 
 /// A [`Store`] on SQLite, through an sqlx [`SqlitePool`].
 ///
