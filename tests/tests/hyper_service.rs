@@ -117,14 +117,12 @@ async fn concurrent_duplicates_run_the_handler_once() {
         .map(|_| tokio::spawn(post(addr, "hyper-3", r#"{"total":7}"#)))
         .collect();
     let mut answers = Vec::new();
-    let mut in_flight = 0;
     for attempt in attempts {
         let (status, headers, body) = attempt.await.unwrap();
         match status {
             StatusCode::CREATED => answers.push(body),
             StatusCode::CONFLICT => {
                 assert!(headers.contains_key(http::header::RETRY_AFTER));
-                in_flight += 1;
             }
             other => panic!("unexpected status {other}"),
         }
@@ -134,7 +132,6 @@ async fn concurrent_duplicates_run_the_handler_once() {
         1,
         "the handler ran more than once"
     );
-    assert_eq!(answers.len() + in_flight, 16);
     assert!(!answers.is_empty());
     assert!(answers.iter().all(|a| a == r#"run 1: {"total":7}"#));
 }

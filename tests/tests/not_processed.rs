@@ -1,7 +1,7 @@
 //! [`NotProcessed`]: an answer the handler marks as "nothing was done" is not saved, the key is
 //! released, and in transactional mode the handler's writes are rolled back. On every store.
 //!
-//! Run with `DATABASE_URL` and `REDIS_URL` set (see `scripts/test.sh`).
+//! Run with `DATABASE_URL`, `MYSQL_URL` and `REDIS_URL` set (see `scripts/test.sh`).
 
 use std::sync::{
     atomic::{AtomicUsize, Ordering},
@@ -18,10 +18,15 @@ use axum::{
 };
 use tower::ServiceExt;
 use tower_idempotency::{
-    store::{postgres::PostgresStore, redis::RedisStore, sqlite::SqliteStore, MemoryStore, Store},
+    store::{
+        mysql::MySqlStore, postgres::PostgresStore, redis::RedisStore, sqlite::SqliteStore,
+        MemoryStore, Store,
+    },
     Idempotency, IdempotencyTransaction, NotProcessed,
 };
-use tower_idempotency_tests::{fresh_postgres_pool, fresh_sqlite_pool, redis_client, unique_name};
+use tower_idempotency_tests::{
+    fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, redis_client, unique_name, Isolation,
+};
 
 fn request(key: &str, body: &'static str) -> Request<Body> {
     Request::post("/orders")
@@ -91,10 +96,24 @@ async fn postgres_standard_not_processed_releases_the_key() {
     standard_mode(store).await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_standard_not_processed_releases_the_key() {
+    let store = SqliteStore::new(fresh_sqlite_pool(2).await);
+    store.migrate().await.unwrap();
+    standard_mode(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_standard_not_processed_releases_the_key() {
+    let store = MySqlStore::new(fresh_mysql_pool(4, Isolation::RepeatableRead).await);
+    store.migrate().await.unwrap();
+    standard_mode(store).await;
+}
+
 /// Transactional mode: the handler writes its row, then refuses with NotProcessed: the row is
 /// rolled back and the key released; the corrected request commits one row.
 macro_rules! transactional_mode {
-    ($name:ident, $db:ty, $store:ty, $pool:expr) => {
+    ($name:ident, $db:ty, $store:ty, $pool:expr, $insert:literal) => {
         #[tokio::test(flavor = "multi_thread")]
         async fn $name() {
             let pool = $pool;
@@ -109,7 +128,7 @@ macro_rules! transactional_mode {
                 body: String,
             ) -> Response {
                 let mut conn = tx.begin().await.unwrap();
-                sqlx::query("INSERT INTO rows_written (body) VALUES ($1)")
+                sqlx::query($insert)
                     .bind(&body)
                     .execute(&mut *conn)
                     .await
@@ -149,11 +168,20 @@ transactional_mode!(
     postgres_transactional_not_processed_rolls_back,
     sqlx::Postgres,
     PostgresStore,
-    fresh_postgres_pool(4).await
+    fresh_postgres_pool(4).await,
+    "INSERT INTO rows_written (body) VALUES ($1)"
 );
 transactional_mode!(
     sqlite_transactional_not_processed_rolls_back,
     sqlx::Sqlite,
     SqliteStore,
-    fresh_sqlite_pool(2).await
+    fresh_sqlite_pool(2).await,
+    "INSERT INTO rows_written (body) VALUES ($1)"
+);
+transactional_mode!(
+    mysql_transactional_not_processed_rolls_back,
+    sqlx::MySql,
+    MySqlStore,
+    fresh_mysql_pool(4, Isolation::RepeatableRead).await,
+    "INSERT INTO rows_written (body) VALUES (?)"
 );

@@ -231,9 +231,11 @@ async fn wait_for_change_wakes_every_waiter_on_release_and_unsubscribes() {
     let held = claim_of(key, "a", LONG, DAY);
     store.claim(&held).await.unwrap();
 
+    // Each waiter on a pub/sub connection of its own (as ten instances would be), so that the
+    // channel's subscriber count says when every one of them is subscribed.
     let waiters: Vec<_> = (0..10)
         .map(|_| {
-            let store = store.clone();
+            let store = store.clone().with_notifications(redis_client());
             tokio::spawn(async move {
                 let started = Instant::now();
                 store.wait_for_change(&key, Duration::from_secs(10)).await;
@@ -243,7 +245,7 @@ async fn wait_for_change_wakes_every_waiter_on_release_and_unsubscribes() {
         .collect();
     // Release once every waiter is subscribed: the subscription count is the signal.
     let channel = store.channel(&key);
-    until_subscribers(&mut conn, &channel, |n| n > 0, "the waiters subscribe").await;
+    until_subscribers(&mut conn, &channel, |n| n == 10, "the waiters subscribe").await;
     assert_eq!(
         store.release(&Hold::new(key, held.token)).await.unwrap(),
         Fenced::Applied
