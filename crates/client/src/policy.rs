@@ -262,11 +262,17 @@ mod tests {
         intent.next_wait(Duration::ZERO, "transport", scheduled)
     }
 
+    /// The waits a retry takes (not only the jitter function) spread over the whole range
+    /// below backon's delay: with no jitter every wait would be the delay itself.
     #[test]
-    fn full_jitter_spreads_over_the_whole_range() {
+    fn retry_waits_spread_over_the_whole_range_below_the_delay() {
         let ceiling = Duration::from_millis(800);
-        let mut rng = HasherRng::default();
-        let waits: Vec<_> = (0..200).map(|_| full_jitter(&mut rng, ceiling)).collect();
+        let config = RetryConfig::default().with_budget(Duration::from_secs(10), 1_000, 1.0);
+        let policy = Policy::new(config).unwrap();
+        let mut intent = policy.start(true);
+        let waits: Vec<_> = (0..200)
+            .map(|_| transient(&mut intent, Some(ceiling)).expect("a retry within the budget"))
+            .collect();
         assert!(waits.iter().all(|wait| *wait <= ceiling));
         assert!(waits.iter().any(|wait| *wait < ceiling / 4));
         assert!(waits.iter().any(|wait| *wait > ceiling * 3 / 4));

@@ -616,13 +616,7 @@ mod tests {
             .unwrap();
         assert_eq!(proxy.open_connections(), 1);
         proxy.cut_all();
-        let mut rest = Vec::new();
-        let read =
-            tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest)).await;
-        assert!(
-            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
-            "the cut connection must end: {read:?}"
-        );
+        assert_ends(&mut client, "the cut connection").await;
         let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
         round_trip(&mut fresh, Duration::from_secs(5))
             .await
@@ -653,14 +647,30 @@ mod tests {
             .unwrap();
     }
 
+    /// The end of a connection within 5 s: closed or reset, not left open and silent.
+    async fn assert_ends(client: &mut TcpStream, what: &str) {
+        let mut rest = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "{what} must end: {read:?}"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread")]
-    async fn refuse_closes_new_connections_until_restored() {
+    async fn refuse_cuts_current_connections_and_closes_new_ones_until_restored() {
         let proxy = FaultProxy::start(echo_server().await).await.unwrap();
-        proxy.refuse();
-        let mut refused = TcpStream::connect(proxy.addr()).await.unwrap();
-        assert!(round_trip(&mut refused, Duration::from_secs(5))
+        let mut current = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut current, Duration::from_secs(5))
             .await
-            .is_err());
+            .unwrap();
+        proxy.refuse();
+        assert_ends(&mut current, "the current connection").await;
+        let mut refused = TcpStream::connect(proxy.addr()).await.unwrap();
+        // Closed at once: nothing written to it is answered, and it ends (not a black hole).
+        let _ = refused.write_all(b"ping").await;
+        assert_ends(&mut refused, "a new connection").await;
         proxy.restore();
         let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
         round_trip(&mut fresh, Duration::from_secs(5))
@@ -712,6 +722,22 @@ mod tests {
                 "{point:?}: the client must not see the answer"
             );
         }
+        assert_eq!(proxy.triggers_fired(), 2);
+
+        // Fired, the trigger is spent: the pattern passes both ways on another connection.
+        let mut client = TcpStream::connect(proxy.addr()).await.unwrap();
+        let (mut server, _) = target.accept().await.unwrap();
+        client.write_all(b"COMMIT").await.unwrap();
+        let mut commit = [0; 6];
+        server.read_exact(&mut commit).await.unwrap();
+        assert_eq!(&commit, b"COMMIT");
+        server.write_all(b"OK").await.unwrap();
+        let mut answer = [0; 2];
+        tokio::time::timeout(Duration::from_secs(5), client.read_exact(&mut answer))
+            .await
+            .expect("the answer comes")
+            .unwrap();
+        assert_eq!(&answer, b"OK");
         assert_eq!(proxy.triggers_fired(), 2);
     }
 

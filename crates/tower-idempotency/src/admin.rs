@@ -284,9 +284,10 @@ mod tests {
         )
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn inspect_forget_and_sweep_over_http() {
         let store = DynStore::new(MemoryStore::new());
+        let short_lived = store.clone();
         let key = IdempotencyKey::parse(b"k-1")
             .unwrap()
             .scoped_hash(&Scope::new("Bearer a b"));
@@ -320,7 +321,22 @@ mod tests {
         assert_eq!(status, StatusCode::NOT_FOUND);
         let (status, swept) = call(&app, "POST", "/sweep?batch=10").await;
         assert_eq!(status, StatusCode::OK);
-        assert_eq!(swept["deleted"], 0);
+        assert_eq!(swept["deleted"], 0, "nothing expired yet");
+        // A record past its expiry is what a sweep deletes.
+        let short = Claim::new(
+            IdempotencyKey::parse(b"k-2")
+                .unwrap()
+                .scoped_hash(&Scope::new("")),
+            Fingerprint::of(&[b"POST", b"/orders"]),
+            FencingToken::new(),
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+        );
+        short_lived.claim(&short).await.unwrap();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let (status, swept) = call(&app, "POST", "/sweep?batch=10").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(swept["deleted"], 1, "the expired record");
         let (status, _) = call(&app, "POST", "/sweep?batch=zero").await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
     }

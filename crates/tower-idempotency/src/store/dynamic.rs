@@ -193,7 +193,7 @@ mod tests {
         store::{FencingToken, MemoryStore},
     };
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_dyn_store_forwards_every_operation() {
         let store = DynStore::new(MemoryStore::new());
         let key = IdempotencyKey::parse(b"k")
@@ -226,9 +226,22 @@ mod tests {
         let retry = attempt();
         assert_eq!(
             store.claim(&retry).await.unwrap(),
-            ClaimOutcome::Done(saved)
+            ClaimOutcome::Done(saved.clone())
         );
         assert!(!store.release(&retry.hold()).await.unwrap().applied());
+        // The operators' reads and the wait, which have defaults a missing forward would fall
+        // back to (unsupported; a sleep of the whole timeout).
+        let info = store.get(&key).await.unwrap().expect("the record");
+        assert_eq!(info.response, Some(saved));
+        assert_eq!(store.stats().await.unwrap().done, 1);
+        let started = tokio::time::Instant::now();
+        store.wait_for_change(&key, Duration::from_secs(60)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "the done record ends the wait"
+        );
+        assert!(store.forget(&key).await.unwrap());
+        assert!(store.get(&key).await.unwrap().is_none());
         assert_eq!(store.sweep(10).await.unwrap(), 0);
         assert!(format!("{store:?}").starts_with("DynStore(MemoryStore"));
         assert_eq!(store.name(), "memory");

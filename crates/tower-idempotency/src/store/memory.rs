@@ -517,16 +517,13 @@ mod tests {
         let store = MemoryStore::new();
         let c = claim("k", b"", 30_000, 60_000);
         store.claim(&c).await.unwrap();
-        let waiter = {
-            let store = store.clone();
-            let key = c.key;
-            tokio::spawn(async move { store.wait_for_change(&key, Duration::from_secs(30)).await })
-        };
-        tokio::task::yield_now().await;
+        let waiter = store.wait_for_change(&c.key, Duration::from_secs(30));
+        tokio::pin!(waiter);
+        // Polled once: registered and waiting, before the completion.
+        assert!(futures_util::FutureExt::now_or_never(waiter.as_mut()).is_none());
         store.complete(&c.hold(), &response()).await.unwrap();
         tokio::time::timeout(Duration::from_secs(5), waiter)
             .await
-            .expect("the waiter is woken by the completion, not by its 30 s timeout")
-            .unwrap();
+            .expect("the waiter is woken by the completion, not by its 30 s timeout");
     }
 }

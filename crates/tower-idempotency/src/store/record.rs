@@ -495,9 +495,15 @@ mod tests {
 
     #[test]
     fn fencing_tokens_issued_at_once_on_many_threads_are_all_different() {
+        // The threads start issuing together, so their issues overlap.
+        let start = std::sync::Arc::new(std::sync::Barrier::new(4));
         let threads: Vec<_> = (0..4)
             .map(|_| {
-                std::thread::spawn(|| (0..10_000).map(|_| FencingToken::new()).collect::<Vec<_>>())
+                let start = start.clone();
+                std::thread::spawn(move || {
+                    start.wait();
+                    (0..10_000).map(|_| FencingToken::new()).collect::<Vec<_>>()
+                })
             })
             .collect();
         let mut seen = std::collections::HashSet::new();

@@ -22,6 +22,25 @@ impl Body for Channel {
     }
 }
 
+/// A [`Channel`] body that announces its exact length up front (a `Content-Length`).
+struct Announced(Channel, u64);
+
+impl Body for Announced {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.0).poll_frame(cx)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.1)
+    }
+}
+
 /// A handler that answers 201 with a body streamed from a channel, whose sender it puts in
 /// `senders`; `runs` counts its calls.
 fn streaming_export(
@@ -104,15 +123,30 @@ async fn an_answer_over_the_saved_limit_is_streamed_and_a_retry_gets_its_status_
 #[tokio::test]
 async fn a_body_announced_over_the_limit_is_not_read_before_it_is_sent() {
     let runs = Arc::new(AtomicUsize::new(0));
-    let handler = tower::service_fn(|_req: Request<RequestBody<Full<Bytes>>>| async {
-        let large = Bytes::from(vec![b'y'; 64 * 1024]);
-        Ok::<_, std::convert::Infallible>(Response::new(Full::new(large)))
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let rx = Arc::new(std::sync::Mutex::new(Some(rx)));
+    let handler = tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
+        let rx = rx.lock().unwrap().take().expect("the handler runs once");
+        async move {
+            let body = Announced(Channel(rx), 64 * 1024);
+            Ok::<_, std::convert::Infallible>(Response::new(body))
+        }
     })
     .map_request(counting(&runs));
     let service = Idempotency::memory()
         .with_saved_body_limit(1024)
         .layer(handler);
-    let first = service.clone().oneshot(post("k", "a")).await.unwrap();
+    // Not a byte of the body is sent yet: its announced length is over the limit, so the head
+    // comes at once (reading its first frame before answering would wait here for ever).
+    let first = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        service.clone().oneshot(post("k", "a")),
+    )
+    .await
+    .expect("the head comes before any of the body")
+    .unwrap();
+    tx.send(Bytes::from(vec![b'y'; 64 * 1024])).await.unwrap();
+    drop(tx);
     assert_eq!(body_of(first).await.len(), 64 * 1024);
     let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
     assert_eq!(retry.status(), StatusCode::OK);

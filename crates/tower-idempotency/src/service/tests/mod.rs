@@ -107,13 +107,25 @@ async fn a_retry_replays_instead_of_running_again() {
 
 #[tokio::test]
 async fn try_again_statuses_release_the_key() {
-    let count = Arc::default();
-    let service = guarded(&count, StatusCode::TOO_MANY_REQUESTS);
-    for _ in 0..2 {
-        let response = service.clone().oneshot(post("k", "a")).await.unwrap();
-        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    for status in [
+        StatusCode::REQUEST_TIMEOUT,
+        StatusCode::TOO_EARLY,
+        StatusCode::TOO_MANY_REQUESTS,
+        StatusCode::SERVICE_UNAVAILABLE,
+    ] {
+        let count = Arc::default();
+        let service = guarded(&count, status);
+        for _ in 0..2 {
+            let response = service.clone().oneshot(post("k", "a")).await.unwrap();
+            assert_eq!(response.status(), status);
+            assert!(response.headers().get(&crate::REPLAYED_HEADER).is_none());
+        }
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            2,
+            "{status}: run again, not replayed"
+        );
     }
-    assert_eq!(count.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]

@@ -235,8 +235,10 @@ mod tests {
 
     #[test]
     fn statements_name_the_table_and_the_default_is_not_copied() {
-        let default = TableName::default().statement("DELETE FROM idempotency_records WHERE x");
-        assert_eq!(default.as_str(), "DELETE FROM idempotency_records WHERE x");
+        let template: &'static str = "DELETE FROM idempotency_records WHERE x";
+        let default = TableName::default().statement(template);
+        // The template itself, not a copy of its text.
+        assert!(std::ptr::eq(default.as_str(), template));
         let other = TableName::new("billing.keys").unwrap();
         let statement = other.statement("SELECT 1 FROM idempotency_records AS r");
         assert_eq!(statement.as_str(), "SELECT 1 FROM billing.keys AS r");
