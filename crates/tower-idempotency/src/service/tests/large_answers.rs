@@ -5,8 +5,9 @@ use tower_layer::Layer;
 use super::*;
 
 /// A response body fed frame by frame through a channel: a stream with no end in sight
-/// until the sender is dropped (server-sent events, a large download).
-struct Channel(tokio::sync::mpsc::Receiver<Bytes>);
+/// until the sender is dropped (server-sent events, a large download); with a length, one that
+/// announces it up front (a `Content-Length`).
+struct Channel(tokio::sync::mpsc::Receiver<Bytes>, Option<u64>);
 
 impl Body for Channel {
     type Data = Bytes;
@@ -20,24 +21,12 @@ impl Body for Channel {
             .poll_recv(cx)
             .map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
     }
-}
-
-/// A [`Channel`] body that announces its exact length up front (a `Content-Length`).
-struct Announced(Channel, u64);
-
-impl Body for Announced {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.0).poll_frame(cx)
-    }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.1)
+        self.1.map_or_else(
+            http_body::SizeHint::default,
+            http_body::SizeHint::with_exact,
+        )
     }
 }
 
@@ -63,7 +52,7 @@ fn streaming_export(
                 .status(StatusCode::CREATED)
                 .header("location", "/exports/1")
                 .header("content-type", "text/event-stream")
-                .body(Channel(rx))
+                .body(Channel(rx, None))
                 .unwrap();
             Ok::<_, std::convert::Infallible>(response)
         }
@@ -128,7 +117,7 @@ async fn a_body_announced_over_the_limit_is_not_read_before_it_is_sent() {
     let handler = tower::service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
         let rx = rx.lock().unwrap().take().expect("the handler runs once");
         async move {
-            let body = Announced(Channel(rx), 64 * 1024);
+            let body = Channel(rx, Some(64 * 1024));
             Ok::<_, std::convert::Infallible>(Response::new(body))
         }
     })
