@@ -284,20 +284,23 @@ mod tests {
         )
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn inspect_forget_and_sweep_over_http() {
-        let store = DynStore::new(MemoryStore::new());
-        let short_lived = store.clone();
-        let key = IdempotencyKey::parse(b"k-1")
-            .unwrap()
-            .scoped_hash(&Scope::new("Bearer a b"));
-        let claim = Claim::new(
-            key,
+    /// A claim of `key` (no scope unless `scope`) for `lease` and `ttl`.
+    fn claim_of(key: &[u8], scope: &str, lease: u64, ttl: u64) -> Claim {
+        Claim::new(
+            IdempotencyKey::parse(key)
+                .unwrap()
+                .scoped_hash(&Scope::new(scope)),
             Fingerprint::of(&[b"POST", b"/orders"]),
             FencingToken::new(),
-            Duration::from_secs(30),
-            Duration::from_secs(3600),
-        );
+            Duration::from_secs(lease),
+            Duration::from_secs(ttl),
+        )
+    }
+
+    #[tokio::test]
+    async fn inspect_and_forget_over_http() {
+        let store = DynStore::new(MemoryStore::new());
+        let claim = claim_of(b"k-1", "Bearer a b", 30, 3600);
         store.claim(&claim).await.unwrap();
         let saved = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), "{\"id\":1}");
         store.complete(&claim.hold(), &saved).await.unwrap();
@@ -319,24 +322,21 @@ mod tests {
         assert_eq!(status, StatusCode::NO_CONTENT);
         let (status, _) = call(&app, "DELETE", "/keys/k-1?scope=Bearer+a%20b").await;
         assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sweep_over_http_deletes_what_expired() {
+        let store = DynStore::new(MemoryStore::new());
+        store.claim(&claim_of(b"k-1", "", 30, 3600)).await.unwrap();
+        store.claim(&claim_of(b"k-2", "", 1, 2)).await.unwrap();
+        let app = router(store);
         let (status, swept) = call(&app, "POST", "/sweep?batch=10").await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(swept["deleted"], 0, "nothing expired yet");
-        // A record past its expiry is what a sweep deletes.
-        let short = Claim::new(
-            IdempotencyKey::parse(b"k-2")
-                .unwrap()
-                .scoped_hash(&Scope::new("")),
-            Fingerprint::of(&[b"POST", b"/orders"]),
-            FencingToken::new(),
-            Duration::from_secs(1),
-            Duration::from_secs(2),
-        );
-        short_lived.claim(&short).await.unwrap();
         tokio::time::advance(Duration::from_secs(3)).await;
         let (status, swept) = call(&app, "POST", "/sweep?batch=10").await;
         assert_eq!(status, StatusCode::OK);
-        assert_eq!(swept["deleted"], 1, "the expired record");
+        assert_eq!(swept["deleted"], 1, "the expired record, not the live one");
         let (status, _) = call(&app, "POST", "/sweep?batch=zero").await;
         assert_eq!(status, StatusCode::BAD_REQUEST);
     }

@@ -193,23 +193,27 @@ mod tests {
         store::{FencingToken, MemoryStore},
     };
 
-    #[tokio::test(start_paused = true)]
-    async fn a_dyn_store_forwards_every_operation() {
-        let store = DynStore::new(MemoryStore::new());
+    /// A claim of one key and request: each attempt at it claims with a token of its own.
+    fn attempt() -> Claim {
         let key = IdempotencyKey::parse(b"k")
             .unwrap()
             .scoped_hash(&crate::key::Scope::new("s"));
-        let fingerprint = Fingerprint::of(&[b"POST", b"/orders"]);
-        // Each attempt at the same request claims with a token of its own.
-        let attempt = || {
-            Claim::new(
-                key,
-                fingerprint,
-                FencingToken::new(),
-                Duration::from_secs(30),
-                Duration::from_secs(60),
-            )
-        };
+        Claim::new(
+            key,
+            Fingerprint::of(&[b"POST", b"/orders"]),
+            FencingToken::new(),
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+        )
+    }
+
+    fn saved() -> StoredResponse {
+        StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), Bytes::from("ok"))
+    }
+
+    #[tokio::test]
+    async fn a_dyn_store_forwards_every_write() {
+        let store = DynStore::new(MemoryStore::new());
         let claim = attempt();
         assert_eq!(store.claim(&claim).await.unwrap(), ClaimOutcome::claimed());
         assert!(store
@@ -217,33 +221,42 @@ mod tests {
             .await
             .unwrap()
             .applied());
-        let saved = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), Bytes::from("ok"));
         assert!(store
-            .complete(&claim.hold(), &saved)
+            .complete(&claim.hold(), &saved())
             .await
             .unwrap()
             .applied());
         let retry = attempt();
         assert_eq!(
             store.claim(&retry).await.unwrap(),
-            ClaimOutcome::Done(saved.clone())
+            ClaimOutcome::Done(saved())
         );
         assert!(!store.release(&retry.hold()).await.unwrap().applied());
-        // The operators' reads and the wait, which have defaults a missing forward would fall
-        // back to (unsupported; a sleep of the whole timeout).
-        let info = store.get(&key).await.unwrap().expect("the record");
-        assert_eq!(info.response, Some(saved));
+        assert_eq!(store.sweep(10).await.unwrap(), 0);
+        assert!(format!("{store:?}").starts_with("DynStore(MemoryStore"));
+        assert_eq!(store.name(), "memory");
+    }
+
+    /// The operators' reads and the wait, which have defaults a missing forward would fall back
+    /// to (unsupported; a sleep of the whole timeout).
+    #[tokio::test(start_paused = true)]
+    async fn a_dyn_store_forwards_the_reads_and_the_wait() {
+        let store = DynStore::new(MemoryStore::new());
+        let claim = attempt();
+        store.claim(&claim).await.unwrap();
+        store.complete(&claim.hold(), &saved()).await.unwrap();
+        let info = store.get(&claim.key).await.unwrap().expect("the record");
+        assert_eq!(info.response, Some(saved()));
         assert_eq!(store.stats().await.unwrap().done, 1);
         let started = tokio::time::Instant::now();
-        store.wait_for_change(&key, Duration::from_secs(60)).await;
+        store
+            .wait_for_change(&claim.key, Duration::from_secs(60))
+            .await;
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "the done record ends the wait"
         );
-        assert!(store.forget(&key).await.unwrap());
-        assert!(store.get(&key).await.unwrap().is_none());
-        assert_eq!(store.sweep(10).await.unwrap(), 0);
-        assert!(format!("{store:?}").starts_with("DynStore(MemoryStore"));
-        assert_eq!(store.name(), "memory");
+        assert!(store.forget(&claim.key).await.unwrap());
+        assert!(store.get(&claim.key).await.unwrap().is_none());
     }
 }
