@@ -8,6 +8,7 @@ suite::consumer_tests! {
     pool: PgPool,
     database: Postgres,
     fresh: fresh_postgres,
+    empty: empty_postgres,
     connect: postgres_pool,
     insert_ten_two_day_old_rows:
         "INSERT INTO processed_events (consumer, event_id, processed_at)

@@ -8,6 +8,7 @@ suite::consumer_tests! {
     pool: SqlitePool,
     database: Sqlite,
     fresh: fresh_sqlite,
+    empty: empty_sqlite,
     connect: sqlite_pool,
     insert_ten_two_day_old_rows:
         "WITH RECURSIVE n(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM n WHERE n < 10)

@@ -95,13 +95,19 @@ pub fn record_unless_poison(
 }
 
 #[cfg(feature = "postgres")]
-/// A freshly created PostgreSQL database of its own, migrated; returns its pool and URL.
+/// A freshly created, empty PostgreSQL database of its own; returns its URL.
 ///
 /// The name starts with `tidem_` so that `scripts/test.sh` drops it on the next run.
-pub async fn fresh_postgres() -> (PgPool, String) {
-    let db_url = tower_idempotency_testkit::fresh_postgres("tidem_consumer")
+pub async fn empty_postgres() -> String {
+    tower_idempotency_testkit::fresh_postgres("tidem_consumer")
         .await
-        .url;
+        .url
+}
+
+#[cfg(feature = "postgres")]
+/// [`empty_postgres`], migrated, with the tests' `effects` table; returns its pool and URL.
+pub async fn fresh_postgres() -> (PgPool, String) {
+    let db_url = empty_postgres().await;
     let pool = postgres_pool(&db_url).await;
     tower_idempotency_consumer::PgConsumer::new(pool.clone(), "ledger")
         .migrate()
@@ -124,10 +130,16 @@ pub async fn postgres_pool(url: &str) -> PgPool {
 }
 
 #[cfg(feature = "sqlite")]
-/// A fresh SQLite file in the system temp dir, migrated; returns its pool and path.
-pub async fn fresh_sqlite() -> (SqlitePool, String) {
+/// The path of a fresh SQLite file in the system temp dir (created on first connect).
+pub async fn empty_sqlite() -> String {
     let path = tower_idempotency_testkit::fresh_sqlite_path("consumer");
-    let path = path.to_str().expect("a UTF-8 temp dir").to_owned();
+    path.to_str().expect("a UTF-8 temp dir").to_owned()
+}
+
+#[cfg(feature = "sqlite")]
+/// [`empty_sqlite`], migrated, with the tests' `effects` table; returns its pool and path.
+pub async fn fresh_sqlite() -> (SqlitePool, String) {
+    let path = empty_sqlite().await;
     let pool = sqlite_pool(&path).await;
     tower_idempotency_consumer::SqliteConsumer::new(pool.clone(), "ledger")
         .migrate()

@@ -7,8 +7,9 @@
 ///
 /// - `backend`: the consumer type (`PgConsumer`, `SqliteConsumer`).
 /// - `pool`, `database`: the sqlx pool and database types.
-/// - `fresh`: `common` helper returning a fresh migrated `(pool, url)`; `connect`: `common` helper
-///   opening a pool on an existing url (the crash test's child).
+/// - `fresh`: `common` helper returning a fresh migrated `(pool, url)`; `empty`: one returning the
+///   url of a fresh database nothing was migrated in; `connect`: `common` helper opening a pool on
+///   an existing url (the crash test's child, a second instance).
 /// - `insert_ten_two_day_old_rows`: SQL inserting `processed_events` rows `old_1..=old_10` for
 ///   consumer `ledger`, processed two days ago.
 /// - `list_migration_tables`: SQL listing table names ending in `migrations`, ordered.
@@ -18,6 +19,7 @@ macro_rules! consumer_tests {
         pool: $pool:ident,
         database: $database:ident,
         fresh: $fresh:ident,
+        empty: $empty:ident,
         connect: $connect:ident,
         insert_ten_two_day_old_rows: $insert_ten_two_day_old_rows:expr,
         list_migration_tables: $list_migration_tables:expr $(,)?
@@ -30,7 +32,7 @@ macro_rules! consumer_tests {
             time::Duration,
         };
 
-        use common::{$connect, $fresh, run_child_and_kill_it, signal_ready_and_hang};
+        use common::{$connect, $empty, $fresh, run_child_and_kill_it, signal_ready_and_hang};
         use futures_util::future::BoxFuture;
         use sqlx::{$database, $pool};
         use tokio::sync::{oneshot, Barrier};
@@ -322,6 +324,30 @@ macro_rules! consumer_tests {
             // A swept event is unknown again: its redelivery would run (the retention warning).
             let redelivered = ledger(&pool).process_once("old_1", record("old_1", 1)).await;
             assert_eq!(redelivered.expect("after sweep"), Outcome::Processed(1));
+        }
+
+        /// Consumers starting at once on a fresh database (each with its own pool) all migrate
+        /// it, and it then takes events.
+        #[tokio::test(flavor = "multi_thread")]
+        async fn instances_starting_at_once_all_migrate() {
+            let url = $empty().await;
+            let mut starts = Vec::new();
+            for _ in 0..4 {
+                let pool = $connect(&url).await;
+                starts.push(tokio::spawn(async move {
+                    ledger(&pool).migrate().await.map_err(|e| e.to_string())
+                }));
+            }
+            for start in starts {
+                start
+                    .await
+                    .expect("the start task")
+                    .expect("every instance migrates");
+            }
+            let pool = $connect(&url).await;
+            let work: Work = Box::new(|_| Box::pin(async { Ok(7) }));
+            let done = ledger(&pool).process_once("evt_m", work).await;
+            assert_eq!(done.expect("the first event"), Outcome::Processed(7));
         }
 
         #[tokio::test(flavor = "multi_thread")]
