@@ -1,11 +1,18 @@
-//! Fresh stores of every backend, each on a database or key prefix of its own.
+//! Fresh stores of every backend, each on a database or key prefix of its own, and the signals
+//! a test can wait for on them.
 
-use tower_idempotency::store::{
-    mysql::MySqlStore,
-    postgres::PostgresStore,
-    redis::{redis, RedisStore},
-    sqlite::SqliteStore,
-    MemoryStore, TableName,
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tower_idempotency::{
+    store::{
+        mysql::MySqlStore,
+        postgres::PostgresStore,
+        redis::{redis, RedisStore},
+        sqlite::SqliteStore,
+        MemoryStore, Store, TableName,
+    },
+    KeyHash,
 };
 
 use crate::{
@@ -120,4 +127,39 @@ pub async fn redis_cluster_store() -> RedisStore {
     RedisStore::cluster(cluster_conn().await)
         .with_prefix(unique_name("tidem"))
         .with_notifications(redis::Client::open(first).expect("a valid node URL"))
+}
+
+/// Whether a PostgreSQL waiter has marked `key`'s record (`watched`), read through `store`.
+pub async fn postgres_watched(store: &PostgresStore, key: &KeyHash) -> bool {
+    sqlx::query_scalar("SELECT watched FROM idempotency_records WHERE key = $1")
+        .bind(key.as_bytes().as_slice())
+        .fetch_one(store.pool())
+        .await
+        .expect("read watched")
+}
+
+/// Start a waiter on `waiter` for `key` (for up to `wait`) and return once it has marked the
+/// record, read through `observer`: the mark is a PostgreSQL waiter's signal that it listens. The
+/// task answers when its wait ended.
+pub async fn start_postgres_waiter(
+    waiter: &PostgresStore,
+    observer: &PostgresStore,
+    key: KeyHash,
+    wait: Duration,
+) -> JoinHandle<Instant> {
+    let store = waiter.clone();
+    let task = tokio::spawn(async move {
+        store.wait_for_change(&key, wait).await;
+        Instant::now()
+    });
+    // The mark is a row in the database, so this reads it until it appears (bounded).
+    let deadline = Instant::now() + wait;
+    while !postgres_watched(observer, &key).await {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never marked the record"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    task
 }

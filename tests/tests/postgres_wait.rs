@@ -15,7 +15,10 @@ use tower_idempotency::{
     },
     Fingerprint, KeyHash,
 };
-use tower_idempotency_tests::fresh_postgres_pool;
+use tower_idempotency_tests::{
+    fresh_postgres_pool,
+    stores::{postgres_watched, start_postgres_waiter},
+};
 
 /// Far longer than any wake-up: a waiter that returns before it was woken by a notification.
 const WAIT: Duration = Duration::from_secs(10);
@@ -54,39 +57,6 @@ fn response() -> StoredResponse {
     )
 }
 
-/// Whether a waiter has marked the record.
-async fn watched(store: &PostgresStore, key: &KeyHash) -> bool {
-    sqlx::query_scalar("SELECT watched FROM idempotency_records WHERE key = $1")
-        .bind(key.as_bytes().as_slice())
-        .fetch_one(store.pool())
-        .await
-        .expect("read watched")
-}
-
-/// Start a waiter on `waiter` for `claim.key`, and return once it has marked the record.
-async fn start_waiter(
-    waiter: &PostgresStore,
-    holder: &PostgresStore,
-    claim: &Claim,
-) -> tokio::task::JoinHandle<Instant> {
-    let (store, key) = (waiter.clone(), claim.key);
-    let task = tokio::spawn(async move {
-        store.wait_for_change(&key, WAIT).await;
-        Instant::now()
-    });
-    // The mark is the waiter's signal that it listens; it is a row in the database, so this
-    // reads it until it appears (bounded).
-    let deadline = Instant::now() + WAIT;
-    while !watched(holder, &claim.key).await {
-        assert!(
-            Instant::now() < deadline,
-            "the waiter never marked the record"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    task
-}
-
 /// Wake-ups of a waiter on instance B by completions (or releases) on instance A, in turn.
 async fn wake_ups(release: bool) -> Vec<Duration> {
     let (a, b) = two_instances().await;
@@ -97,7 +67,7 @@ async fn wake_ups(release: bool) -> Vec<Duration> {
             a.claim(&claim).await.unwrap(),
             ClaimOutcome::Claimed { taken_over: false }
         );
-        let waiter = start_waiter(&b, &a, &claim).await;
+        let waiter = start_postgres_waiter(&b, &a, claim.key, WAIT).await;
         let changed = Instant::now();
         let fenced = if release {
             a.release(&claim.hold()).await.unwrap()
@@ -150,7 +120,10 @@ async fn a_wait_on_a_finished_record_returns_at_once() {
         "waited {:?} on a done record",
         started.elapsed()
     );
-    assert!(!watched(&a, &claim.key).await, "a done record was marked");
+    assert!(
+        !postgres_watched(&a, &claim.key).await,
+        "a done record was marked"
+    );
 }
 
 /// Without a waiter, completions and releases send no notification; with one, they do.
@@ -173,7 +146,7 @@ async fn only_watched_records_notify() {
     // key's, the two unwatched records sent none.
     let watched_claim = claim();
     a.claim(&watched_claim).await.unwrap();
-    let waiter = start_waiter(&b, &a, &watched_claim).await;
+    let waiter = start_postgres_waiter(&b, &a, watched_claim.key, WAIT).await;
     a.complete(&watched_claim.hold(), &response())
         .await
         .unwrap();

@@ -17,7 +17,9 @@ use tower_idempotency_tests::{
         claim_of, claimed, is_in_flight, random_key, response, retry_of, retry_with_lease, until,
         DAY, LONG,
     },
-    fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, Isolation,
+    fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool,
+    stores::start_postgres_waiter,
+    Isolation,
 };
 
 /// What the suite needs from a backend beyond the [`Store`] traits.
@@ -274,24 +276,20 @@ async fn postgres_wait_for_change_wakes_on_another_instance_s_complete() {
 
     let claim = claim_of(random_key(), "a", LONG, DAY);
     there.claim(&claim).await.unwrap();
-    let waiter = tokio::spawn({
-        let here = here.clone();
-        let key = claim.key;
-        async move {
-            let started = Instant::now();
-            here.wait_for_change(&key, Duration::from_secs(10)).await;
-            started.elapsed()
-        }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiter = start_postgres_waiter(&here, &there, claim.key, Duration::from_secs(10)).await;
     // Completed inside a transaction: the notification goes out on commit, not before.
     let (tx, fenced) = complete_in_new_tx(&there, &claim.hold(), &response()).await;
     assert_eq!(fenced, Fenced::Applied);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "no notification before the commit");
     tx.commit().await.unwrap();
-    let waited = waiter.await.unwrap();
-    assert!(waited < Duration::from_secs(5), "woke after {waited:?}");
+    let committed = Instant::now();
+    let woke = waiter.await.unwrap();
+    let waited = woke.saturating_duration_since(committed);
+    assert!(
+        waited < Duration::from_secs(5),
+        "woke {waited:?} after the commit"
+    );
     assert!(matches!(
         here.claim(&retry_of(&claim)).await.unwrap(),
         ClaimOutcome::Done(_)
