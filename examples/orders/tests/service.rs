@@ -1,4 +1,5 @@
-//! The orders API as a service: its OpenAPI document, Prometheus metrics, request ids, and the
+//! The orders API as a service: its OpenAPI document, Prometheus metrics, request ids, the health
+//! check when the database is gone, the SQLite file it uses without `DATABASE_URL`, and the
 //! fallback outside the idempotency layer. Runs the real `orders_api::app` on a fresh SQLite file
 //! over a real TCP listener.
 
@@ -92,4 +93,50 @@ async fn request_ids_are_made_or_kept_and_typos_stay_404() {
     // route_layer: the fallback is not under the idempotency layer, so no key is asked for.
     assert_eq!(kept.status(), 404);
     assert_eq!(kept.headers()["x-request-id"], "req-42");
+}
+
+/// `/healthz` answers 503 (problem+json, with `Retry-After`) once the database does not answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn healthz_is_503_when_the_database_is_gone() {
+    let (addr, db) = common::serve_on_fresh_sqlite("orders_health").await;
+    let url = format!("http://{addr}/healthz");
+    assert_eq!(reqwest::get(&url).await.unwrap().status(), 200);
+    db.close().await;
+    let response = reqwest::get(&url).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert!(response.headers().contains_key("retry-after"));
+}
+
+/// Without `DATABASE_URL` the binary runs on `orders.db` in its working directory, created and
+/// migrated at start.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_database_url_the_binary_uses_a_sqlite_file_in_its_directory() {
+    let dir = std::env::temp_dir().join(tower_idempotency_testkit::unique_name("tidem_cwd"));
+    std::fs::create_dir(&dir).expect("a working directory of its own");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_orders-api"))
+        .current_dir(&dir)
+        .env_remove("DATABASE_URL")
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start orders-api");
+    let base = common::listening_url(&mut child).await;
+    let created = common::post_order(
+        &common::client(),
+        &base,
+        "no-database-url",
+        r#"{"customerId": "c_1", "totalCents": 4000}"#,
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(created.status(), 201);
+    assert!(dir.join(orders_api::DEFAULT_SQLITE_FILE).is_file());
+    child.kill().await.expect("stop orders-api");
+    let _ = std::fs::remove_dir_all(&dir);
 }
