@@ -1,4 +1,5 @@
-//! Load and chaos: two `orders-api` processes on one PostgreSQL database, each reaching it through
+//! Load and chaos (and, last, a database that refuses every connection): two `orders-api`
+//! processes on one PostgreSQL database, each reaching it through
 //! its own [`FaultProxy`], 16 concurrent clients sending 5,000 requests over 1,000 keys (every key
 //! about five times, some attempts given up by their client after 40 ms, often mid-handler), while both proxies cut
 //! every store connection every 1.5 s.
@@ -363,4 +364,53 @@ async fn two_instances_under_load_with_cut_store_connections_run_each_key_once()
         total_orders as usize, KEYS,
         "orders must equal the keys that got a 201"
     );
+}
+
+/// The database unreachable (every connection refused): the binary answers 503 problem+json
+/// with `Retry-After`, runs nothing and holds no key, and once the database is back the same
+/// key creates its one order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_is_a_503_with_retry_after_and_the_key_runs_later() {
+    let (name, server, pool) = fresh_postgres().await;
+    let proxy = FaultProxy::start(server).await.expect("start the proxy");
+    let binary = start(&url_through(proxy.addr(), &name)).await;
+    let client = reqwest::Client::builder()
+        .timeout(TIMEOUT * 2)
+        .build()
+        .expect("client");
+    proxy.refuse();
+    let refused = client
+        .post(format!("{}/orders", binary.base))
+        .header("idempotency-key", key_name(1))
+        .header("content-type", "application/json")
+        .body(body(1))
+        .send()
+        .await
+        .expect("an answer while the database is down");
+    assert_eq!(refused.status(), 503);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert!(refused.headers().contains_key("retry-after"));
+    proxy.restore();
+    let orders = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM orders")
+            .fetch_one(&pool)
+            .await
+            .expect("count the orders")
+    };
+    assert_eq!(orders().await, 0, "nothing ran while the database was down");
+    let deadline = Instant::now() + TIMEOUT * 3;
+    loop {
+        let answer = send(&client, &binary.base, 1, TIMEOUT).await;
+        if answer == Outcome::Created {
+            break;
+        }
+        // Only the outage's own answers may come before it: a held key would answer 409.
+        assert_eq!(answer, Outcome::Status(503), "after the outage");
+        assert!(Instant::now() < deadline, "the key never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(orders().await, 1);
 }
