@@ -20,6 +20,7 @@ use tower_idempotency_consumer::{
     },
     PgConsumer,
 };
+use tower_idempotency_testkit::rabbitmq_ready;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deliveries_are_acked_after_the_commit_requeued_on_failure_parked_and_rejected_without_id()
@@ -106,19 +107,7 @@ async fn deliveries_are_acked_after_the_commit_requeued_on_failure_parked_and_re
     );
 
     // Nothing left: every delivery was settled.
-    let left = channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("inspect the queue")
-        .message_count();
-    assert_eq!(left, 0);
+    assert_eq!(rabbitmq_ready(&channel, &queue).await, 0);
     let parked = ledger.parked(10).await.expect("parked");
     assert_eq!(parked.len(), 1);
     assert_eq!(parked[0].event_id, "evt_poison");

@@ -260,6 +260,23 @@ pub async fn listening_url(child: &mut tokio::process::Child) -> String {
     ready_line(child, "listening on ", Duration::from_secs(60)).await
 }
 
+/// Messages ready in the RabbitMQ queue `queue` (not delivered to any consumer): a test or a
+/// proof is over when none is left.
+#[cfg(feature = "rabbitmq")]
+pub async fn rabbitmq_ready(channel: &lapin::Channel, queue: &str) -> u32 {
+    use lapin::{options::QueueDeclareOptions, types::FieldTable};
+
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(queue.into(), passive, FieldTable::default())
+        .await
+        .expect("inspect the queue")
+        .message_count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

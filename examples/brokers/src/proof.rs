@@ -20,28 +20,9 @@ use tokio::{
     process::{Child, Command},
     sync::mpsc,
 };
-use tower_idempotency_consumer::rabbitmq::lapin::{
-    options::QueueDeclareOptions, types::FieldTable, Channel,
-};
-/// `name` from the environment, or a panic that says how to set it; a name no other run uses.
-pub use tower_idempotency_testkit::{env_url as required_env, unique_name};
-
-/// Messages ready in the RabbitMQ queue `queue` (not delivered to any consumer): a proof is over
-/// when none is left.
-pub async fn rabbitmq_ready(channel: &Channel, queue: &str) -> u32 {
-    channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .expect("inspect the queue")
-        .message_count()
-}
+/// `name` from the environment, or a panic that says how to set it; a name no other run uses;
+/// the messages left in a RabbitMQ queue (a proof is over when none is).
+pub use tower_idempotency_testkit::{env_url as required_env, rabbitmq_ready, unique_name};
 
 /// A freshly created, empty PostgreSQL database on the server of `DATABASE_URL`, named
 /// [`unique_name`]`(prefix)`; returns its pool (at most `max_connections`) and its URL.
