@@ -88,7 +88,9 @@
 //! SQLite locks a whole file for writing. When the records share the file with the handler's
 //! data, every handler write and every batch of the store queue for one lock, and a handler's
 //! connection that finds it taken sleeps in its busy handler (one, two, five milliseconds...)
-//! while the store's batches keep taking it. In standard mode the handler's writes and the
+//! while the store's batches keep taking it. It is the handler's writes that wait: the store's
+//! connections seldom find the lock taken, and a store that tried again sooner would only take
+//! it more often (measured: `crates/bench/RESULTS.md`, twenty-first pass). In standard mode the handler's writes and the
 //! saved response never share a transaction, so nothing needs them in one file: open the store
 //! on a file of its own and each file has its own writer.
 //!
