@@ -90,9 +90,9 @@
 //! connection that finds it taken sleeps in its busy handler (one, two, five milliseconds...)
 //! while the store's batches keep taking it. It is the handler's writes that wait: the store's
 //! connections seldom find the lock taken, and a store that tried again sooner would only take
-//! it more often (measured: `crates/bench/RESULTS.md`, twenty-first pass). In standard mode the handler's writes and the
-//! saved response never share a transaction, so nothing needs them in one file: open the store
-//! on a file of its own and each file has its own writer.
+//! it more often (measured: `crates/bench/RESULTS.md`, twenty-first pass). In standard mode the
+//! handler's writes and the saved response never share a transaction, so nothing needs them in
+//! one file: open the store on a file of its own and each file has its own writer.
 //!
 //! ```no_run
 //! use tower_idempotency::{store::sqlite::{sqlx::SqlitePool, SqliteStore}, Idempotency};
