@@ -325,3 +325,141 @@ async fn postgres_wait_for_change_without_a_database_sleeps_the_timeout() {
     );
     assert_eq!(err.to_string(), "idempotency store unavailable");
 }
+
+/// Whether a session of this database holds an advisory lock (sqlx's migration lock).
+const POSTGRES_ADVISORY_LOCK_HELD: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
+    WHERE locktype = 'advisory' AND granted \
+    AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))";
+
+/// A migrator of one migration, version 1, that runs `sql`.
+fn one_migration(sql: &'static str) -> sqlx::migrate::Migrator {
+    use sqlx::{
+        migrate::{Migration, MigrationType, Migrator},
+        SqlSafeStr,
+    };
+    Migrator::with_migrations(vec![Migration::new(
+        1,
+        "the test's".into(),
+        MigrationType::Simple,
+        sqlx::AssertSqlSafe(sql).into_sql_str(),
+        false,
+    )])
+}
+
+/// Polls `ask` every 10 ms until it answers `true`, for at most `limit`.
+async fn until_true(limit: Duration, what: &str, mut ask: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ask().await {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether a session of `conn`'s database holds an advisory lock.
+async fn postgres_advisory_lock_held(conn: &mut sqlx::PgConnection) -> bool {
+    sqlx::query_scalar(POSTGRES_ADVISORY_LOCK_HELD)
+        .fetch_one(conn)
+        .await
+        .expect("read pg_locks")
+}
+
+/// A migration run dropped part way (a start-up timeout) leaves no connection of the pool
+/// holding sqlx's advisory lock, which every later run, from any process, would wait on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_migration_run_dropped_part_way_leaves_no_lock_held() {
+    use sqlx::Connection;
+    use tower_idempotency::store::postgres;
+
+    let pool = fresh_postgres_pool(4).await;
+    let mut other = sqlx::PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("a connection outside the pool");
+    let run = tokio::spawn({
+        let pool = pool.clone();
+        async move { postgres::run_migrator(&pool, one_migration("SELECT pg_sleep(2)")).await }
+    });
+    until_true(LOCK_TAKEN, "the run takes its lock", async || {
+        postgres_advisory_lock_held(&mut other).await
+    })
+    .await;
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled(), "dropped part way");
+    until_true(LOCK_LET_GO, "the lock is let go", async || {
+        !postgres_advisory_lock_held(&mut other).await
+    })
+    .await;
+}
+
+/// A migration that fails leaves no connection of the pool holding sqlx's advisory lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_failed_migration_leaves_no_lock_held() {
+    use sqlx::Connection;
+    use tower_idempotency::store::postgres;
+
+    let pool = fresh_postgres_pool(4).await;
+    let mut other = sqlx::PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("a connection outside the pool");
+    let failed = postgres::run_migrator(&pool, one_migration("SELECT 1 / 0")).await;
+    assert!(failed.is_err(), "a migration dividing by zero fails");
+    until_true(LOCK_LET_GO, "the lock is let go", async || {
+        !postgres_advisory_lock_held(&mut other).await
+    })
+    .await;
+}
+
+/// How long a migration run may take to take its lock in these tests.
+const LOCK_TAKEN: Duration = Duration::from_secs(10);
+/// How long a dropped or failed run's lock may outlive it: its statement (two seconds at most)
+/// and the connection's close.
+const LOCK_LET_GO: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------------------------
+// MySQL only
+// ---------------------------------------------------------------------------------------------
+
+/// The named lock `mysql::run_migrator` takes for the migrations of this connection's database.
+const MYSQL_MIGRATION_LOCK: &str = "CONCAT('tower_idempotency_migrate_', MD5(DATABASE()))";
+
+/// A migration run dropped part way (a start-up timeout) leaves no connection of the pool
+/// holding its named lock: the next run, from any process, takes it as soon as the dropped run's
+/// statement ends, instead of waiting out its minute and failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_a_migration_run_dropped_part_way_leaves_its_lock_behind_with_no_one() {
+    use sqlx::Connection;
+    use tower_idempotency::store::mysql;
+
+    let pool = fresh_mysql_pool(4, Isolation::RepeatableRead).await;
+    let mut other = sqlx::MySqlConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("a connection outside the pool");
+    let run = tokio::spawn({
+        let pool = pool.clone();
+        async move { mysql::run_migrator(&pool, one_migration("SELECT SLEEP(2)")).await }
+    });
+    let held = format!("SELECT IS_USED_LOCK({MYSQL_MIGRATION_LOCK}) IS NOT NULL");
+    until_true(LOCK_TAKEN, "the run takes its lock", async || {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(held.clone()))
+            .fetch_one(&mut other)
+            .await
+            .expect("ask whether the lock is held")
+            == 1
+    })
+    .await;
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled(), "dropped part way");
+
+    let started = Instant::now();
+    let taken: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT GET_LOCK({MYSQL_MIGRATION_LOCK}, 20)"
+    )))
+    .fetch_one(&mut other)
+    .await
+    .expect("take the lock");
+    assert_eq!(taken, Some(1), "the dropped run's lock was never let go");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "taken after {:?}: the dropped run's statement lasts two seconds",
+        started.elapsed()
+    );
+}

@@ -337,11 +337,18 @@ pub(super) fn migrator(migrations: &Migrations, table: &TableName) -> Migrator {
 /// Run `migrator` on `pool`, up to `attempts` times while a run fails because another process
 /// applied the same migration meanwhile (SQLite, which has no migration lock; PostgreSQL takes
 /// sqlx's and passes 1; MySQL takes a lock of its own, in `mysql::run_migrator`).
+///
+/// `session_lock`: `true` for PostgreSQL, whose sqlx lock is an advisory lock of the
+/// connection's session. A run that fails or is dropped part way (a start-up timeout)
+/// does not let it go: back in the pool, that connection would hold it, and every later run,
+/// from any process, would wait on it. So the run's connection is closed afterwards whatever
+/// happened, and the lock ends with its session.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) async fn migrate<DB>(
     pool: &Pool<DB>,
     migrator: &Migrator,
     attempts: usize,
+    session_lock: bool,
 ) -> Result<(), StoreError>
 where
     DB: Database,
@@ -349,7 +356,11 @@ where
 {
     let mut attempt = 1;
     loop {
-        match migrator.run(pool).await {
+        let mut conn = pool.acquire().await?;
+        if session_lock {
+            conn.close_on_drop();
+        }
+        match migrator.run_direct(None, &mut *conn, false).await {
             Ok(()) => return Ok(()),
             Err(
                 sqlx::migrate::MigrateError::Execute(_)

@@ -278,6 +278,10 @@ const UNLOCK_MIGRATIONS: &str =
 /// with NULL at once: concurrent runs would not be kept apart there.
 pub async fn run_migrator(pool: &MySqlPool, mut migrator: Migrator) -> Result<(), StoreError> {
     let mut conn = pool.acquire().await?;
+    // The lock belongs to this connection's session. A run dropped part way (a start-up
+    // timeout) must not hand the pool back a connection that still holds it, or every later run
+    // would wait out its minute: this one is closed instead, and the lock goes with its session.
+    conn.close_on_drop();
     let locked: Option<i64> = sqlx::query_scalar(LOCK_MIGRATIONS)
         .bind(MIGRATION_LOCK_WAIT.as_secs())
         .fetch_one(&mut *conn)

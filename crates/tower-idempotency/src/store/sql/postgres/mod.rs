@@ -278,7 +278,7 @@ fn batch_connections(pool: &PgPool, batching: Batching) -> BatchConnections {
 /// sqlx's advisory lock keeps runs from several processes at once apart, so an application can
 /// run its own migrations the same way beside the store's.
 pub async fn run_migrator(pool: &PgPool, migrator: Migrator) -> Result<(), StoreError> {
-    sql::migrate(pool, &migrator, 1).await
+    sql::migrate(pool, &migrator, 1, true).await
 }
 
 impl Store for PostgresStore {

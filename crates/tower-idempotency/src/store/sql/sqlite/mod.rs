@@ -199,7 +199,7 @@ fn batch_connections(
 /// record a version runs again (up to three times) and finds it applied. Write the migrations
 /// with `IF NOT EXISTS` for that.
 pub async fn run_migrator(pool: &SqlitePool, migrator: Migrator) -> Result<(), StoreError> {
-    sql::migrate(pool, &migrator, 3).await
+    sql::migrate(pool, &migrator, 3, false).await
 }
 
 /// A [`Store`] on SQLite, through an sqlx [`SqlitePool`].
