@@ -17,3 +17,41 @@ suite::consumer_tests! {
         "SELECT table_name::text FROM information_schema.tables
          WHERE table_schema = 'public' AND table_name LIKE '%migrations' ORDER BY 1",
 }
+
+/// A migration that fails leaves no connection of the pool holding sqlx's advisory lock, which
+/// every later `migrate`, from any process, would wait on without end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_migration_leaves_no_lock_held() {
+    use std::time::{Duration, Instant};
+
+    use sqlx::{Connection, Executor};
+
+    let url = common::empty_postgres().await;
+    let pool = common::postgres_pool(&url).await;
+    // A view where the table goes: `CREATE TABLE IF NOT EXISTS` passes over it, and the
+    // migration's index on it fails.
+    pool.execute("CREATE VIEW processed_events AS SELECT 1 AS one")
+        .await
+        .expect("create the view");
+    let failed = tower_idempotency_consumer::PgConsumer::new(pool.clone(), "ledger")
+        .migrate()
+        .await;
+    assert!(failed.is_err(), "an index on a view fails: {failed:?}");
+
+    let mut other = sqlx::PgConnection::connect(&url).await.expect("connect");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
+    )
+    .fetch_one(&mut other)
+    .await
+    .expect("read pg_locks")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the failed run's advisory lock is still held"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

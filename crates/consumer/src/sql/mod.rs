@@ -196,6 +196,10 @@ pub struct Dialect {
     replay: &'static str,
     sweep: &'static str,
     migrations: [&'static str; 2],
+    /// sqlx's migration lock belongs to the connection's session (PostgreSQL's advisory lock):
+    /// a run that fails or is dropped part way keeps it, so `migrate` closes that connection
+    /// instead of giving it back to the pool, where every later run would wait on it.
+    migration_lock_of_the_session: bool,
 }
 
 /// The statements of one table: the dialect's text with the table's name in it.
@@ -446,7 +450,11 @@ where
         migrator.dangerous_set_table_name(self.migrations_table());
         let mut attempt = 1;
         loop {
-            match migrator.run(&self.pool).await {
+            let mut conn = self.pool.acquire().await?;
+            if DB::dialect().migration_lock_of_the_session {
+                conn.close_on_drop();
+            }
+            match migrator.run_direct(None, &mut *conn, false).await {
                 Ok(()) => return Ok(()),
                 // Another process applied the same version meanwhile: the next run finds it.
                 Err(MigrateError::Execute(_) | MigrateError::ExecuteMigration(..))

@@ -103,4 +103,5 @@ WHERE (consumer, event_id) IN (
         include_str!("../../migrations/postgres/0001_processed_events.sql"),
         include_str!("../../migrations/postgres/0002_attempts_and_parking.sql"),
     ],
+    migration_lock_of_the_session: true,
 };

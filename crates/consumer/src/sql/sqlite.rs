@@ -123,4 +123,5 @@ WHERE rowid IN (
         include_str!("../../migrations/sqlite/0001_processed_events.sql"),
         include_str!("../../migrations/sqlite/0002_attempts_and_parking.sql"),
     ],
+    migration_lock_of_the_session: false,
 };
