@@ -33,9 +33,13 @@ async fn a_failed_migration_leaves_no_lock_held() {
     pool.execute("CREATE VIEW processed_events AS SELECT 1 AS one")
         .await
         .expect("create the view");
-    let failed = tower_idempotency_consumer::PgConsumer::new(pool.clone(), "ledger")
-        .migrate()
-        .await;
+    // Bounded: the retry of a run that kept its lock waited on it for ever.
+    let failed = tokio::time::timeout(
+        Duration::from_secs(30),
+        tower_idempotency_consumer::PgConsumer::new(pool.clone(), "ledger").migrate(),
+    )
+    .await
+    .expect("migrate must return, not wait on its own lock");
     assert!(failed.is_err(), "an index on a view fails: {failed:?}");
 
     let mut other = sqlx::PgConnection::connect(&url).await.expect("connect");
