@@ -58,7 +58,9 @@
 //!
 //! [`PostgresStore::migrate`] applies the embedded migrations and tracks them in its own table,
 //! `_tower_idempotency_migrations`, never in your application's `_sqlx_migrations`. It takes
-//! sqlx's advisory lock, so several instances may call it at start-up at once.
+//! sqlx's advisory lock, so several instances may call it at start-up at once. The lock is the
+//! session's, so the run's connection is closed afterwards rather than pooled: a run that fails
+//! or is dropped part way (a start-up timeout) leaves no connection holding it.
 //!
 //! A store on another table ([`PostgresStore::with_table`]) gets the same schema under that name:
 //! `migrate` creates it and tracks it in `{table}_migrations`. With your own migration tool,
