@@ -363,17 +363,32 @@ async fn postgres_advisory_lock_held(conn: &mut sqlx::PgConnection) -> bool {
         .expect("read pg_locks")
 }
 
+/// A pool on a fresh PostgreSQL database, and a connection to it outside the pool.
+async fn postgres_pool_and_another_connection() -> (sqlx::PgPool, sqlx::PgConnection) {
+    use sqlx::Connection;
+
+    let pool = fresh_postgres_pool(4).await;
+    let other = sqlx::PgConnection::connect_with(&pool.connect_options())
+        .await
+        .expect("a connection outside the pool");
+    (pool, other)
+}
+
+/// Waits until no session of `conn`'s database holds an advisory lock.
+async fn until_lock_let_go(conn: &mut sqlx::PgConnection) {
+    until_true(LOCK_LET_GO, "the lock is let go", async || {
+        !postgres_advisory_lock_held(conn).await
+    })
+    .await;
+}
+
 /// A migration run dropped part way (a start-up timeout) leaves no connection of the pool
 /// holding sqlx's advisory lock, which every later run, from any process, would wait on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_a_migration_run_dropped_part_way_leaves_no_lock_held() {
-    use sqlx::Connection;
     use tower_idempotency::store::postgres;
 
-    let pool = fresh_postgres_pool(4).await;
-    let mut other = sqlx::PgConnection::connect_with(&pool.connect_options())
-        .await
-        .expect("a connection outside the pool");
+    let (pool, mut other) = postgres_pool_and_another_connection().await;
     let run = tokio::spawn({
         let pool = pool.clone();
         async move { postgres::run_migrator(&pool, one_migration("SELECT pg_sleep(2)")).await }
@@ -384,28 +399,18 @@ async fn postgres_a_migration_run_dropped_part_way_leaves_no_lock_held() {
     .await;
     run.abort();
     assert!(run.await.unwrap_err().is_cancelled(), "dropped part way");
-    until_true(LOCK_LET_GO, "the lock is let go", async || {
-        !postgres_advisory_lock_held(&mut other).await
-    })
-    .await;
+    until_lock_let_go(&mut other).await;
 }
 
 /// A migration that fails leaves no connection of the pool holding sqlx's advisory lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_a_failed_migration_leaves_no_lock_held() {
-    use sqlx::Connection;
     use tower_idempotency::store::postgres;
 
-    let pool = fresh_postgres_pool(4).await;
-    let mut other = sqlx::PgConnection::connect_with(&pool.connect_options())
-        .await
-        .expect("a connection outside the pool");
+    let (pool, mut other) = postgres_pool_and_another_connection().await;
     let failed = postgres::run_migrator(&pool, one_migration("SELECT 1 / 0")).await;
     assert!(failed.is_err(), "a migration dividing by zero fails");
-    until_true(LOCK_LET_GO, "the lock is let go", async || {
-        !postgres_advisory_lock_held(&mut other).await
-    })
-    .await;
+    until_lock_let_go(&mut other).await;
 }
 
 /// How long a migration run may take to take its lock in these tests.
