@@ -12,8 +12,8 @@ pub mod suite;
 pub use tower_idempotency_testkit::{mysql_url, postgres_url, redis_url, unique_name};
 
 pub use tower_idempotency_testkit::{
-    fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_path, fresh_sqlite_pool, sqlite_pool,
-    Isolation,
+    fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_path, fresh_sqlite_pool,
+    postgres_advisory_lock_held, sqlite_pool, until_true, Isolation,
 };
 
 /// The connect options of a freshly created PostgreSQL database of its own, on the server at

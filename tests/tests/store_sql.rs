@@ -17,9 +17,9 @@ use tower_idempotency_tests::{
         claim_of, claimed, is_in_flight, random_key, response, retry_of, retry_with_lease, until,
         DAY, LONG,
     },
-    fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool,
+    fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, postgres_advisory_lock_held,
     stores::start_postgres_waiter,
-    Isolation,
+    until_true, Isolation,
 };
 
 /// What the suite needs from a backend beyond the [`Store`] traits.
@@ -326,11 +326,6 @@ async fn postgres_wait_for_change_without_a_database_sleeps_the_timeout() {
     assert_eq!(err.to_string(), "idempotency store unavailable");
 }
 
-/// Whether a session of this database holds an advisory lock (sqlx's migration lock).
-const POSTGRES_ADVISORY_LOCK_HELD: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
-    WHERE locktype = 'advisory' AND granted \
-    AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))";
-
 /// A migrator of one migration, version 1, that runs `sql`.
 fn one_migration(sql: &'static str) -> sqlx::migrate::Migrator {
     use sqlx::{
@@ -344,23 +339,6 @@ fn one_migration(sql: &'static str) -> sqlx::migrate::Migrator {
         sqlx::AssertSqlSafe(sql).into_sql_str(),
         false,
     )])
-}
-
-/// Polls `ask` every 10 ms until it answers `true`, for at most `limit`.
-async fn until_true(limit: Duration, what: &str, mut ask: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ask().await {
-        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Whether a session of `conn`'s database holds an advisory lock.
-async fn postgres_advisory_lock_held(conn: &mut sqlx::PgConnection) -> bool {
-    sqlx::query_scalar(POSTGRES_ADVISORY_LOCK_HELD)
-        .fetch_one(conn)
-        .await
-        .expect("read pg_locks")
 }
 
 /// A pool on a fresh PostgreSQL database, and a connection to it outside the pool.

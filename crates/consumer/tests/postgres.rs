@@ -22,9 +22,10 @@ suite::consumer_tests! {
 /// every later `migrate`, from any process, would wait on without end.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_migration_leaves_no_lock_held() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use sqlx::{Connection, Executor};
+    use tower_idempotency_testkit::{postgres_advisory_lock_held, until_true};
 
     let url = common::empty_postgres().await;
     let pool = common::postgres_pool(&url).await;
@@ -43,19 +44,8 @@ async fn a_failed_migration_leaves_no_lock_held() {
     assert!(failed.is_err(), "an index on a view fails: {failed:?}");
 
     let mut other = sqlx::PgConnection::connect(&url).await.expect("connect");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sqlx::query_scalar::<_, bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
-    )
-    .fetch_one(&mut other)
-    .await
-    .expect("read pg_locks")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the failed run's advisory lock is still held"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_true(Duration::from_secs(10), "the lock is let go", async || {
+        !postgres_advisory_lock_held(&mut other).await
+    })
+    .await;
 }

@@ -260,6 +260,31 @@ pub async fn listening_url(child: &mut tokio::process::Child) -> String {
     ready_line(child, "listening on ", Duration::from_secs(60)).await
 }
 
+/// Polls `ask` every 10 ms until it answers `true`; fails the test, saying `what` it waited for,
+/// past `limit`. For a state only a query can see (a lock let go, a row written elsewhere).
+pub async fn until_true(limit: Duration, what: &str, mut ask: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !ask().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether a session of `conn`'s database holds an advisory lock (sqlx's migration lock is one).
+#[cfg(feature = "postgres")]
+pub async fn postgres_advisory_lock_held(conn: &mut sqlx::PgConnection) -> bool {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
+    )
+    .fetch_one(conn)
+    .await
+    .expect("read pg_locks")
+}
+
 /// Messages ready in the RabbitMQ queue `queue` (not delivered to any consumer): a test or a
 /// proof is over when none is left.
 #[cfg(feature = "rabbitmq")]
