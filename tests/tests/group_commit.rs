@@ -888,3 +888,110 @@ async fn sqlite_the_wal_stays_bounded_when_the_store_is_its_only_writer() {
         "the WAL grew to {size} bytes over 6,000 commits"
     );
 }
+
+/// A SQLite write batch that times out while its `BEGIN IMMEDIATE` waits for another writer
+/// must not leave its connection inside that transaction: the statement list stops at the first
+/// result nobody reads, and a connection back in the pool with the transaction open would hold
+/// the file's write lock from every other writer (the application's, other processes') until
+/// something happened to reuse it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_write_batch_that_times_out_leaves_the_write_lock_free() {
+    use sqlx::{sqlite::SqliteConnectOptions, ConnectOptions, Connection};
+    let path = tower_idempotency_tests::fresh_sqlite_path("timed_out_batch");
+    let pool = tower_idempotency_tests::sqlite_pool(&path, 4, Duration::from_secs(10)).await;
+    let store = SqliteStore::with_batching(pool, Batching::default().timeout(SHORT));
+    store.migrate().await.expect("migrate");
+    let writer_options = SqliteConnectOptions::new()
+        .filename(&path)
+        .busy_timeout(Duration::from_millis(500));
+    let other_writer = || writer_options.connect();
+    // A first claim opens the batches' connection, so the one below waits on the lock itself.
+    let warm_up = claim_of(random_key(), "first", LONG, DAY);
+    assert_eq!(store.claim(&warm_up).await.unwrap(), claimed(false));
+
+    let mut holder = other_writer().await.unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let claim = claim_of(random_key(), "behind a held lock", LONG, DAY);
+    let refused = bounded("the timed-out claim", store.claim(&claim)).await;
+    assert_eq!(
+        refused
+            .expect_err("the lock is held past the batch's timeout")
+            .kind(),
+        StoreErrorKind::Unavailable
+    );
+    sqlx::raw_sql("COMMIT").execute(&mut holder).await.unwrap();
+    holder.close().await.unwrap();
+
+    // The abandoned `BEGIN IMMEDIATE` takes the lock at its busy handler's next try once the
+    // lock is free (within 100 ms); what matters is that it lets it go again. Over a second and
+    // a half, another writer gets the lock within its busy timeout every time. Sleep: the time
+    // that passes between the attempts is what gives the abandoned statement its chance.
+    for attempt in 0..10 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let mut writer = other_writer().await.unwrap();
+        let began = sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut writer).await;
+        assert!(
+            began.is_ok(),
+            "attempt {attempt}: the write lock is still held: {began:?}"
+        );
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut writer)
+            .await
+            .unwrap();
+        writer.close().await.unwrap();
+    }
+    // And the store still claims.
+    assert_eq!(
+        store.claim(&retry_of(&claim)).await.expect("a claim after"),
+        claimed(false)
+    );
+}
+
+/// A PostgreSQL batch runs in rounds, each its own statement that commits on its own: one claim
+/// per key a round, so a second body for a key waits for the next round. When the connection is
+/// cut in a later round, what the earlier rounds committed stands: those claims are answered as
+/// claimed (their requests hold the keys and run), and only the entries still unanswered get
+/// 503. Were they all refused, the committed claims would be held by nobody until their leases
+/// passed, and their own retries would meet them as in flight.
+#[tokio::test]
+async fn postgres_a_batch_cut_in_a_later_round_keeps_what_the_earlier_rounds_committed() {
+    bounded("the batch cut in its second round", async {
+        let (proxy, _direct, store) = a_store_behind_a_proxy(Batching::default()).await;
+        let fresh = claim_of(random_key(), "fresh", LONG, DAY);
+        let first = claim_of(random_key(), "first body", LONG, DAY);
+        let second = claim_of(first.key, "second body", LONG, DAY);
+        // Only the second round's statement carries the second body's fingerprint.
+        proxy.cut_at(second.fingerprint.0.to_vec(), CutPoint::BeforeSending);
+        let batch = [&fresh, &first, &second];
+        let outcomes = join_all(batch.iter().map(|claim| store.claim(claim))).await;
+        assert_eq!(proxy.triggers_fired(), 1, "the cut never happened");
+        assert_eq!(
+            outcomes[0].as_ref().ok(),
+            Some(&claimed(false)),
+            "{outcomes:?}"
+        );
+        assert_eq!(
+            outcomes[1].as_ref().ok(),
+            Some(&claimed(false)),
+            "{outcomes:?}"
+        );
+        let refused = outcomes[2].as_ref().expect_err("the cut round's entry");
+        assert_eq!(refused.kind(), StoreErrorKind::Unavailable, "{refused:?}");
+
+        // The claims answered are held by their requests, and the refused one, retried, meets
+        // the first body's claim.
+        let answer = response();
+        for holder in [&fresh, &first] {
+            let saved = store.complete(&holder.hold(), &answer).await.expect("save");
+            assert!(saved.applied(), "the holder's save applies");
+        }
+        assert_eq!(
+            store.claim(&retry_of(&second)).await.expect("the retry"),
+            ClaimOutcome::Mismatch
+        );
+    })
+    .await;
+}

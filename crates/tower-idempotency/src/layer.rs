@@ -14,7 +14,7 @@ use crate::{
     record::SavePolicy,
     retry_after::RetryAfter,
     service::IdempotencyService,
-    store::Store,
+    store::{record::LONGEST, Store},
     sweeper::Sweeper,
 };
 
@@ -183,11 +183,11 @@ impl<St: Store, M> Idempotency<St, M> {
     /// # let _ = layer;
     /// ```
     pub fn with_body_timeout(self, timeout: Duration) -> Self {
-        self.map_config(|c| c.body_timeout = timeout.max(Duration::from_millis(1)))
+        self.map_config(|c| c.body_timeout = timeout.clamp(Duration::from_millis(1), LONGEST))
     }
 
     /// Keep records for `ttl` after their claim (default 24 h). A key can be reused for a
-    /// different request only after this. A zero `ttl` is raised to 1 ms.
+    /// different request only after this. A zero `ttl` is raised to 1 ms, and one over 100 years cut to that.
     ///
     /// ```
     /// use std::time::Duration;
@@ -195,13 +195,14 @@ impl<St: Store, M> Idempotency<St, M> {
     /// # let _ = layer;
     /// ```
     pub fn with_ttl(self, ttl: Duration) -> Self {
-        self.map_config(|c| c.ttl = ttl.max(Duration::from_millis(1)))
+        self.map_config(|c| c.ttl = ttl.clamp(Duration::from_millis(1), LONGEST))
     }
 
     /// How long a claim stays valid without a heartbeat (default 30 s). The layer renews it every
     /// `lease / 3` while the handler runs, so a slow handler is never taken over while it lives;
     /// if its process dies, a retry can take the key over once the lease lapses. A lease under
-    /// 3 ms is raised to 3 ms (a third of it is the heartbeat period).
+    /// 3 ms is raised to 3 ms (a third of it is the heartbeat period), and one over 100 years cut
+    /// to that.
     ///
     /// # Warning
     ///
@@ -215,7 +216,7 @@ impl<St: Store, M> Idempotency<St, M> {
     /// # let _ = layer;
     /// ```
     pub fn with_lease(self, lease: Duration) -> Self {
-        self.map_config(|c| c.lease = lease.max(Duration::from_millis(3)))
+        self.map_config(|c| c.lease = lease.clamp(Duration::from_millis(3), LONGEST))
     }
 
     /// Choose the scope keys are namespaced by (default: a hash of `Authorization`).
@@ -275,8 +276,8 @@ impl<St: Store, M> Idempotency<St, M> {
     }
 
     /// Make a duplicate that arrives while the first attempt runs wait up to `max` for it and
-    /// replay its answer, instead of getting 409 at once. After `max`, it gets 409 with
-    /// `Retry-After`.
+    /// replay its answer, instead of getting 409 at once. After `max` (at most 100 years), it gets
+    /// 409 with `Retry-After`.
     ///
     /// Stores with notifications (memory, PostgreSQL, Redis) wake the waiter when the first
     /// attempt completes; otherwise it polls every [`WAIT_POLL_INTERVAL`](crate::WAIT_POLL_INTERVAL).
@@ -287,7 +288,7 @@ impl<St: Store, M> Idempotency<St, M> {
     /// # let _ = layer;
     /// ```
     pub fn wait_for_in_flight(self, max: Duration) -> Self {
-        self.map_config(|c| c.wait = Some(max))
+        self.map_config(|c| c.wait = Some(max.min(LONGEST)))
     }
 
     /// Choose the `Retry-After` of the 409 a duplicate gets while the first attempt runs
@@ -353,7 +354,7 @@ impl<St: Store, M> Idempotency<St, M> {
     /// # let _ = layer;
     /// ```
     pub fn with_store_timeout(self, timeout: Duration) -> Self {
-        self.map_config(|c| c.store_timeout = timeout.max(Duration::from_millis(1)))
+        self.map_config(|c| c.store_timeout = timeout.clamp(Duration::from_millis(1), LONGEST))
     }
 
     /// Start a background task that deletes expired records every `every`, in batches of

@@ -58,6 +58,9 @@ pub(super) async fn claim<St: Store, M: Mode<St>>(
                 continue;
             }
             Ok(claimed) => claimed,
+            // A full queue refused the claim before it was sent: there is nothing to release,
+            // and a release would only join the queue that is already full.
+            Err(err) if err.kind() == StoreErrorKind::Full => return Err(err),
             Err(err) => {
                 release_in_background(layer, claim.hold());
                 return Err(err);

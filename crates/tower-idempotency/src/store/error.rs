@@ -35,8 +35,10 @@ pub enum StoreErrorKind {
     /// retried is expected to succeed. The layer retries a claim a few times before answering
     /// 503.
     Conflict,
-    /// The store holds as many records as it may (see
-    /// [`MemoryStore::with_capacity`](crate::store::MemoryStore::with_capacity)).
+    /// The store refused the operation before writing anything: it holds as many records as it
+    /// may (see [`MemoryStore::with_capacity`](crate::store::MemoryStore::with_capacity)), or a
+    /// SQL store's batch queue is full. A refused claim is not released afterwards, since it
+    /// holds nothing.
     Full,
     /// A saved record could not be decoded.
     Corrupt,

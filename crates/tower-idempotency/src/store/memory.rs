@@ -12,8 +12,8 @@ use std::{
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
-    waiters::lock, Claim, ClaimOutcome, Fenced, FencingToken, Hold, RecordInfo, Store, StoreError,
-    StoreErrorKind, StoreStats, StoredResponse,
+    record::LONGEST, waiters::lock, Claim, ClaimOutcome, Fenced, FencingToken, Hold, RecordInfo,
+    Store, StoreError, StoreErrorKind, StoreStats, StoredResponse,
 };
 use crate::{fingerprint::Fingerprint, key::KeyHash};
 
@@ -301,7 +301,7 @@ impl Store for MemoryStore {
                 expires_at,
                 ..
             }) if *held == hold.token && *expires_at > now => {
-                *lease_until = now + lease;
+                *lease_until = now + lease.min(LONGEST);
                 Fenced::Applied
             }
             _ => Fenced::Lost,

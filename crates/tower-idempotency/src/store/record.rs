@@ -16,6 +16,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use super::error::{StoreError, StoreErrorKind};
 use crate::{fingerprint::Fingerprint, key::KeyHash};
 
+/// The longest lease, retention or wait the crate works with: 100 years, far beyond any useful
+/// setting, far inside the range of a timestamp and of a clock reading, and exact in milliseconds
+/// as a Lua number (Redis' scripts). A longer setting is cut to it, so no clock arithmetic can
+/// overflow.
+pub(crate) const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
 /// A fencing token: issued by every successful claim, required by every later write.
 ///
 /// When a holder's lease lapses and another attempt takes the key over, the new claim gets a new
@@ -107,7 +113,8 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// A claim of `key` for `fingerprint` with `token`, holding a lease of `lease`, kept for `ttl`.
+    /// A claim of `key` for `fingerprint` with `token`, holding a lease of `lease`, kept for `ttl`
+    /// (each at most 100 years: a longer one is cut to that).
     pub fn new(
         key: KeyHash,
         fingerprint: Fingerprint,
@@ -119,8 +126,8 @@ impl Claim {
             key,
             fingerprint,
             token,
-            lease,
-            ttl,
+            lease: lease.min(LONGEST),
+            ttl: ttl.min(LONGEST),
         }
     }
 
@@ -441,9 +448,8 @@ impl StoreStats {
 pub(crate) mod time {
     use std::time::Duration;
 
-    /// The longest lease or retention a store writes: 100 years, far beyond any useful setting, far
-    /// inside the range of a timestamp, and exact as a Lua number (Redis' scripts).
-    pub(crate) const MAX_MILLIS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
+    /// [`LONGEST`](super::LONGEST) in milliseconds: the longest lease or retention a store writes.
+    pub(crate) const MAX_MILLIS: u64 = super::LONGEST.as_millis() as u64;
 
     /// `duration` in whole milliseconds, at most [`MAX_MILLIS`].
     pub(crate) fn to_millis(duration: Duration) -> u64 {

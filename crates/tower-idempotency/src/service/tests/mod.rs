@@ -195,3 +195,24 @@ mod large_answers;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod slow_clients;
+
+/// "Keep for ever", said with the longest `Duration` there is, for the retention, the lease and
+/// the wait: each is cut to 100 years, and requests are served and replayed (no clock arithmetic
+/// overflows into a panic).
+#[tokio::test]
+async fn settings_of_the_longest_duration_are_cut_to_a_century() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = Idempotency::memory()
+        .with_ttl(Duration::MAX)
+        .with_lease(Duration::MAX)
+        .wait_for_in_flight(Duration::MAX)
+        .with_store_timeout(Duration::MAX)
+        .with_body_timeout(Duration::MAX)
+        .layer(counting_service(runs.clone(), StatusCode::CREATED));
+    let first = service.clone().oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()[&crate::REPLAYED_HEADER], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "replayed, not run again");
+}

@@ -45,6 +45,33 @@ pub(in crate::store) struct BatchConnection<DB: Database> {
     connection: PoolConnection<DB>,
     /// The batches it ran since it left the pool.
     batches: u32,
+    /// Inside a transaction its own statements opened (see [`Self::transaction_begun`]).
+    in_transaction: bool,
+}
+
+impl<DB: Database> BatchConnection<DB> {
+    /// The statements about to run open a transaction of their own (`BEGIN` inside a statement
+    /// list, which sqlx does not see): until [`transaction_ended`](Self::transaction_ended), a
+    /// drop closes the connection, which ends the transaction. A batch dropped part way (its
+    /// timeout) would otherwise hand the connection back to the pool inside it, where on SQLite
+    /// it holds the file's write lock from every other writer.
+    pub(in crate::store) fn transaction_begun(&mut self) {
+        self.in_transaction = true;
+    }
+
+    /// The transaction of [`transaction_begun`](Self::transaction_begun) committed or rolled
+    /// back: the connection may go back to the pool again.
+    pub(in crate::store) fn transaction_ended(&mut self) {
+        self.in_transaction = false;
+    }
+}
+
+impl<DB: Database> Drop for BatchConnection<DB> {
+    fn drop(&mut self) {
+        if self.in_transaction {
+            self.connection.close_on_drop();
+        }
+    }
 }
 
 impl<DB: Database> std::ops::Deref for BatchConnection<DB> {
@@ -129,6 +156,7 @@ impl<DB: Database> BatchConnections<DB> {
         match fit {
             Some(connection) => Ok(connection),
             None => Ok(BatchConnection {
+                in_transaction: false,
                 connection: self.pool.acquire().await?,
                 batches: 0,
             }),

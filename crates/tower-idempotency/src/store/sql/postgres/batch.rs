@@ -441,9 +441,15 @@ impl Runner for ClaimsAndSaves {
     /// claim (for the whole lease), or the same in-flight, mismatch or done answer. A later claim
     /// with another fingerprint, one of a key saved in the same round, and one that raced, runs
     /// in the next round.
+    ///
+    /// Each round commits on its own. When a later round fails, what the earlier ones answered
+    /// stands (those claims and saves are in the table) and only the operations still unanswered
+    /// get the error; a failed notification after the rounds leaves every answer standing, and
+    /// the waiters it would have woken find the change at their next poll.
     async fn run(&self, ops: &[Op]) -> Result<Vec<Result<Answer, StoreError>>, StoreError> {
         let mut answers = Answers::new(ops);
         let mut connection = self.connections.acquire().await?;
+        let mut failed = None;
         for attempt in 0..ops.len() + CLAIM_ATTEMPTS {
             let (round, first_of_key) = answers.round();
             if round.is_empty() && answers.saves.is_empty() {
@@ -451,16 +457,40 @@ impl Runner for ClaimsAndSaves {
             }
             let saves = answers.saves.clone();
             let statement = || self.statement(ops, &round, &saves, attempt == 0);
-            let rows = fetch_all_retrying(&mut connection, statement).await?;
-            answers.take(&rows, &round)?;
+            let taken = match fetch_all_retrying(&mut connection, statement).await {
+                Ok(rows) => answers.take(&rows, &round),
+                Err(err) => Err(err),
+            };
+            if let Err(err) = taken {
+                failed = Some(err);
+                break;
+            }
             answers.answer_duplicates(&first_of_key);
         }
-        notify(&mut connection, std::mem::take(&mut answers.watched)).await?;
-        self.connections.park(connection);
+        let failed = match failed {
+            Some(err) if answers.answers.iter().all(Option::is_none) => return Err(err),
+            Some(err) => Some(err),
+            None => notify(&mut connection, std::mem::take(&mut answers.watched))
+                .await
+                .err()
+                .inspect(|err| {
+                    tracing::warn!(target: "tower_idempotency", error = %err, "the batch's claims and saves are committed, but notifying their waiters failed; they find the change at their next poll");
+                }),
+        };
+        if failed.is_some() {
+            // The connection is not parked: it may be broken, and so may the idle ones.
+            self.connections.failed();
+        } else {
+            self.connections.park(connection);
+        }
+        let unanswered = || match &failed {
+            Some(err) => err.for_each_entry(),
+            None => super::raced(),
+        };
         Ok(answers
             .answers
             .into_iter()
-            .map(|answer| answer.unwrap_or_else(|| Err(super::raced())))
+            .map(|answer| answer.unwrap_or_else(|| Err(unanswered())))
             .collect())
     }
 

@@ -436,7 +436,7 @@ impl ClaimOrWrite for Answer {
 
 fn raced() -> StoreError {
     StoreError::new(
-        StoreErrorKind::Backend,
+        StoreErrorKind::Conflict,
         "the claim kept racing with concurrent inserts",
     )
 }

@@ -136,19 +136,33 @@ impl Runner for Writes {
     type Output = Written;
 
     /// Rounds of [`BATCH`](super::queries::BATCH) until every write is answered: the first
-    /// holds every save, release and renewal and the first claim of each key. A failed round
-    /// fails the whole batch; nothing of that round is written.
+    /// holds every save, release and renewal and the first claim of each key. Each round is a
+    /// transaction of its own: a failed round writes nothing, and what the rounds before it
+    /// committed stands (only the writes still unanswered get the error).
     async fn run(&self, writes: &[Write]) -> Result<Vec<Result<Written, StoreError>>, StoreError> {
         let mut answers: Vec<Option<Written>> = writes.iter().map(|_| None).collect();
         let mut fenced_done = false;
+        let mut failed = None;
         for _ in 0..writes.len() + EXTRA_ROUNDS {
             let round = Round::of(writes, &answers, !fenced_done);
             if round.is_empty() {
                 break;
             }
-            let rows = self.run_round(&round).await?;
-            round.answer(writes, &rows, &mut answers)?;
+            let answered = match self.run_round(&round).await {
+                Ok(rows) => round.answer(writes, &rows, &mut answers),
+                Err(err) => Err(err),
+            };
+            if let Err(err) = answered {
+                failed = Some(err);
+                break;
+            }
             fenced_done = true;
+        }
+        if let Some(err) = failed.take_if(|_| answers.iter().all(Option::is_none)) {
+            return Err(err);
+        }
+        if failed.is_some() {
+            self.connections.failed();
         }
         for (write, answer) in writes.iter().zip(&answers) {
             if let (
@@ -159,25 +173,25 @@ impl Runner for Writes {
                 (self.announce)(&hold.key);
             }
         }
+        let unanswered = || match &failed {
+            Some(err) => err.for_each_entry(),
+            None => StoreError::new(
+                StoreErrorKind::Backend,
+                "a batched write was left unanswered",
+            ),
+        };
         Ok(answers
             .into_iter()
-            .map(|answer| {
-                answer.ok_or_else(|| {
-                    StoreError::new(
-                        StoreErrorKind::Backend,
-                        "a batched write was left unanswered",
-                    )
-                })
-            })
+            .map(|answer| answer.ok_or_else(unanswered))
             .collect())
     }
 
-    /// A claim won for a request that is gone: release it now rather than leave the key to its
-    /// lease.
     fn failed(&self) {
         self.connections.failed();
     }
 
+    /// A claim won for a request that is gone: release it now rather than leave the key to its
+    /// lease.
     fn abandoned(self: &Arc<Self>, write: Write, written: Written) {
         let (Write::Claim(claim), Written::Claim(ClaimOutcome::Claimed { .. })) = (write, written)
         else {
@@ -209,12 +223,14 @@ impl Writes {
     /// The round itself, while [`run_round`](Self::run_round) holds the writer queue.
     async fn run_round_on_turn(&self, round: &Round) -> Result<Vec<SqliteRow>, StoreError> {
         let mut conn = self.connections.acquire().await?;
+        conn.transaction_begun();
         let rows = sqlx::query(self.batches[round.kinds].clone())
             .bind(&round.json)
             .fetch_all(&mut *conn)
             .await;
         match rows {
             Ok(rows) => {
+                conn.transaction_ended();
                 self.connections.park(conn);
                 self.checkpoints.committed();
                 Ok(rows)
@@ -223,6 +239,7 @@ impl Writes {
                 // The statement list stopped part way, inside its transaction; a connection
                 // that cannot roll it back is closed, which does.
                 if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_ok() {
+                    conn.transaction_ended();
                     self.connections.park(conn);
                 }
                 Err(err.into())
