@@ -21,9 +21,11 @@
 //! conflict check decides who holds a key, per row, and the fencing token is checked per row. A
 //! batch never holds two entries for one key in one statement: the first one is run, and a later
 //! one with the same fingerprint is answered exactly as a concurrent duplicate arriving at the same
-//! instant (see each store's runner), or runs in a later round of the same batch. An error of the
-//! statement fails every entry in it, each with a transient error the layer answers 503: nothing
-//! is half-applied, because the statement (or the transaction) is one unit.
+//! instant (see each store's runner), or runs in a later round of the same batch. An error of a
+//! round's statement fails every entry it was to answer, each with a transient error the layer
+//! answers 503: nothing of the round is applied, because the statement (or the transaction) is
+//! one unit. Entries that an earlier round of the batch answered keep their answers: that round
+//! committed, and what they were told is what the table holds.
 //!
 //! # Dropped requests
 //!
@@ -218,7 +220,8 @@ pub(crate) trait Runner: Send + Sync + 'static {
     /// Its outcome.
     type Output: Send + 'static;
 
-    /// Run `entries` together; one result per entry, in order. An `Err` fails the whole batch.
+    /// Run `entries` together; one result per entry, in order. An `Err` fails the whole batch,
+    /// so it is for a failure before anything was committed.
     fn run(
         &self,
         entries: &[Self::Entry],
