@@ -395,15 +395,29 @@ rows_affected!(
     "mysql" => sqlx::mysql::MySqlQueryResult
 );
 
+/// How long the release of an abandoned claim may take: as long as a lease lasts by default, by
+/// when the key has usually freed itself.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+const ABANDONED_RELEASE_WITHIN: std::time::Duration = crate::config::DEFAULT_LEASE;
+
 /// Release, in a task of its own, a claim that won for a request that is gone (see
 /// [`batch`]'s Dropped requests): `release` is the store's token-checked delete. A failure is only
-/// logged: the claim's lease frees the key.
+/// logged: the claim's lease frees the key. So does a release still unfinished after
+/// [`ABANDONED_RELEASE_WITHIN`], which is given up rather than left to wait on a dead network.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) fn release_abandoned(
     release: impl Future<Output = Result<(), StoreError>> + Send + 'static,
 ) {
     tokio::spawn(async move {
-        if let Err(err) = release.await {
+        let released = tokio::time::timeout(ABANDONED_RELEASE_WITHIN, release)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "the release took too long",
+                ))
+            });
+        if let Err(err) = released {
             tracing::debug!(
                 target: "tower_idempotency",
                 error = %err,
