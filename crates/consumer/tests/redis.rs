@@ -378,3 +378,152 @@ async fn on_redis_cluster_concurrent_deliveries_of_many_events_run_each_once() {
         assert_eq!(again.expect("redelivery"), Outcome::Duplicate);
     }
 }
+
+/// A connection whose commands fail once `broken` is set: Redis unreachable (a failover, a cut
+/// network) for everything after it.
+#[derive(Clone)]
+struct Breakable {
+    conn: ConnectionManager,
+    broken: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Breakable {
+    fn refusal(&self) -> Option<redis::RedisError> {
+        self.broken.load(Ordering::SeqCst).then(|| {
+            std::io::Error::new(std::io::ErrorKind::ConnectionReset, "Redis is unreachable").into()
+        })
+    }
+}
+
+impl redis::aio::ConnectionLike for Breakable {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self.refusal() {
+            Some(err) => Box::pin(async move { Err(err) }),
+            None => self.conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self.refusal() {
+            Some(err) => Box::pin(async move { Err(err) }),
+            None => self.conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
+
+/// Renewals that keep failing (Redis unreachable) end the work when the lease runs out, not at
+/// the next renewal after it: from then on another delivery may hold the event. With a lease of
+/// 1,100 ms the renewals come every 366 ms, the third 2 ms before the lease's end, so waiting for
+/// the fourth would let the work run a third of a lease beside the next holder's.
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_renewals_end_the_work_when_the_lease_runs_out() {
+    let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let consumer = RedisConsumer::new(
+        Breakable {
+            conn: redis_connection().await,
+            broken: broken.clone(),
+        },
+        "receipts",
+    )
+    .with_prefix(unique_name("consumer"))
+    .with_retention(Duration::from_secs(120));
+    let lease = Duration::from_millis(1_100);
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let delivery = tokio::spawn({
+        let consumer = consumer.clone();
+        async move {
+            let started = tokio::time::Instant::now();
+            let outcome = deliver(&consumer, "evt_1", lease, move || async move {
+                started_tx.send(()).expect("the test waits");
+                std::future::pending::<Result<(), std::io::Error>>().await
+            })
+            .await;
+            (outcome, started.elapsed())
+        }
+    });
+    started_rx.await.expect("the work started");
+    broken.store(true, Ordering::SeqCst);
+    let (outcome, took) = bounded_by(Duration::from_secs(10), delivery).await;
+    assert!(matches!(outcome, Err(Error::LeaseLost)), "{outcome:?}");
+    assert!(
+        took < lease + Duration::from_millis(250),
+        "the work ran on {:?} past its lease",
+        took.saturating_sub(lease)
+    );
+}
+
+/// The work is made only once the claim is this delivery's: the closure's own code (outside
+/// the future it returns) does not run for a duplicate.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_duplicate_does_not_make_the_work() {
+    let consumer = consumer(&unique_name("consumer")).await;
+    let runs = counter();
+    assert_eq!(
+        deliver(&consumer, "evt_1", LEASE, || send(runs))
+            .await
+            .expect("first"),
+        Outcome::Processed(1)
+    );
+    let made = counter();
+    let again = consumer
+        .process_once("evt_1", |_| {
+            made.fetch_add(1, Ordering::SeqCst);
+            Box::pin(send(runs))
+        })
+        .await
+        .expect("the duplicate");
+    assert_eq!(again, Outcome::Duplicate);
+    assert_eq!(
+        made.load(Ordering::SeqCst),
+        0,
+        "the work was made for a duplicate"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// "Keep for ever", said with the longest `Duration` there is: the retention is cut to a
+/// century, and the event is marked done (Redis refuses an expiry of `u64::MAX` ms, which left
+/// the event unmarked after its work ran, to run again after the lease).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_longest_retention_marks_the_event_done() {
+    let consumer = consumer(&unique_name("consumer"))
+        .await
+        .with_retention(Duration::MAX);
+    let runs = counter();
+    assert_eq!(
+        deliver(&consumer, "evt_1", LEASE, || send(runs))
+            .await
+            .expect("first"),
+        Outcome::Processed(1)
+    );
+    let again = deliver(&consumer, "evt_1", LEASE, || send(runs)).await;
+    let mut conn = redis_connection().await;
+    let ttl_ms: i64 = conn.pttl(consumer.key("evt_1")).await.expect("PTTL");
+    let () = conn.del(consumer.key("evt_1")).await.expect("clean up");
+    assert_eq!(again.expect("the second delivery"), Outcome::Duplicate);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let century_ms = 100 * 365 * 24 * 60 * 60 * 1000_i64;
+    assert!(
+        ttl_ms > century_ms - 60_000 && ttl_ms <= century_ms,
+        "{ttl_ms}"
+    );
+}
+
+async fn bounded_by<T>(limit: Duration, task: tokio::task::JoinHandle<T>) -> T {
+    tokio::time::timeout(limit, task)
+        .await
+        .expect("bounded")
+        .expect("no panic")
+}

@@ -233,7 +233,11 @@ where
     ///
     /// If Redis fails after the work succeeded ([`Error::Redis`]), the event is not marked done:
     /// once the lease lapses a redelivery runs the work again.
-    async fn run_once<T, E, Fut>(&self, event_id: &str, work: Fut) -> Result<Outcome<T>, Error<E>>
+    async fn run_once<T, E, Fut>(
+        &self,
+        event_id: &str,
+        work: impl FnOnce() -> Fut,
+    ) -> Result<Outcome<T>, Error<E>>
     where
         E: fmt::Display,
         Fut: Future<Output = Result<T, E>>,
@@ -270,7 +274,9 @@ where
             }
         }
 
-        let work = AssertUnwindSafe(work).catch_unwind();
+        // Made only now that the claim is this delivery's: nothing of the work runs for a
+        // duplicate, an event in progress elsewhere or a parked one.
+        let work = AssertUnwindSafe(work()).catch_unwind();
         match self.renewing(&mut conn, &held, claimed_at, work).await? {
             Ok(Ok(value)) => self.complete(&mut conn, &held, value).await,
             Ok(Err(err)) => Err(self.fail(&mut conn, &held, err).await),
@@ -300,20 +306,23 @@ where
         let mut work = std::pin::pin!(work);
         loop {
             tokio::select! {
+                biased;
                 finished = &mut work => return Ok(finished),
+                // Not renewed in time (Redis failing over, say): the key may be another
+                // delivery's from now on. Dropping `work` cancels it.
+                () = tokio::time::sleep_until(held_until) => return Err(Error::LeaseLost),
                 _ = renewals.tick() => {
                     let sent = Instant::now();
-                    let renewed: redis::RedisResult<i64> = RENEW
-                        .key(&held.key)
-                        .arg(&held.token)
-                        .arg(held.lease_ms)
-                        .invoke_async(conn)
-                        .await;
+                    let mut renew = RENEW.key(&held.key);
+                    renew.arg(&held.token).arg(held.lease_ms);
+                    let renewing = renew.invoke_async::<i64>(conn);
+                    let Ok(renewed) = tokio::time::timeout_at(held_until, renewing).await else {
+                        return Err(Error::LeaseLost);
+                    };
                     match renewed {
                         Ok(1) => held_until = sent + lease,
                         // Dropping `work` here cancels it: another delivery may hold the claim.
                         Ok(_) => return Err(Error::LeaseLost),
-                        Err(_) if Instant::now() >= held_until => return Err(Error::LeaseLost),
                         Err(err) => tracing::warn!(
                             target: "tower_idempotency_consumer",
                             consumer = &*self.consumer, event_id = held.event_id, error = %err,
@@ -415,6 +424,6 @@ where
         F: crate::Work<(), T, E>,
     {
         let mut context = ();
-        self.run_once(event_id, work(&mut context)).await
+        self.run_once(event_id, || work(&mut context)).await
     }
 }
