@@ -204,7 +204,8 @@ impl Intent {
         };
         let wait = at_least.max(full_jitter(&mut self.rng, scheduled));
         let config = &self.policy.config;
-        if self.started.elapsed() + wait >= config.deadline {
+        // Saturating: a server may ask for any `Retry-After`, up to `u64::MAX` seconds.
+        if self.started.elapsed().saturating_add(wait) >= config.deadline {
             tracing::debug!(target: TARGET, attempts, ?wait, cause, "no retry: the deadline would pass");
             return None;
         }
@@ -296,6 +297,20 @@ mod tests {
             None,
             "backon's schedule is used up"
         );
+    }
+
+    /// A `Retry-After` of `u64::MAX` seconds (a server's, or a proxy's) ends the intent with the
+    /// answer it came with: the deadline would pass. Added to the time the intent has taken (a
+    /// second and a half here, on tokio's paused clock), it must not overflow into a panic.
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_retry_after_stops_the_retries() {
+        let policy = Policy::new(RetryConfig::default()).unwrap();
+        let mut intent = policy.start(true);
+        intent.begin_attempt();
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        let longest = Duration::from_secs(u64::MAX);
+        let wait = intent.next_wait(longest, "unavailable", Some(Duration::from_millis(100)));
+        assert_eq!(wait, None);
     }
 
     /// The whole loop, through backon, with an attempt that fails until it is told otherwise.
