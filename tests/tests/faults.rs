@@ -619,6 +619,15 @@ async fn store_down_between_the_work_and_the_save_runs_nothing_twice_inside_the_
     store_down_between_the_work_and_the_save(&server, &db.proxy).await;
 }
 
+/// The same in transactional mode, with a handler that never begins the transaction: nothing
+/// rolls its work back, so its answer is sent and its key kept as in standard mode (not 503 and
+/// a released key, which would let the retry do the work again).
+async fn store_down_after_work_outside_the_transaction_keeps_the_answer_and_the_key<DB: Backend>() {
+    let db = Proxied::<DB>::start(4).await;
+    let server = serve(db.layer().transactional(), db.proxy.clone()).await;
+    store_down_between_the_work_and_the_save(&server, &db.proxy).await;
+}
+
 async fn cut_between_the_work_and_the_save_is_saved_on_a_new_connection<DB: Backend>() {
     let db = Proxied::<DB>::start(4).await;
     let server = serve(db.layer(), db.proxy.clone()).await;
@@ -734,6 +743,7 @@ macro_rules! sql_fault_tests {
                 store_down_before_the_claim_is_503_and_recovers,
                 cut_between_the_work_and_the_save_is_saved_on_a_new_connection,
                 store_down_between_the_work_and_the_save_runs_nothing_twice_inside_the_lease,
+                store_down_after_work_outside_the_transaction_keeps_the_answer_and_the_key,
                 cut_before_the_commit_rolls_back_and_the_retry_runs_once,
                 cut_after_the_commit_keeps_both_and_the_retry_replays,
                 latency_beyond_the_store_timeout_is_503_quickly_and_leaks_no_connection,

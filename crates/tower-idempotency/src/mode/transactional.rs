@@ -37,7 +37,10 @@
 //! - a handler that lost its lease to a retry cannot commit: its transaction rolls back and its
 //!   client gets 409 with `Retry-After`;
 //! - a response that is not saved (408, 425, 429, 503 by default), an inner service error and a
-//!   panic roll the transaction back and release the key.
+//!   panic roll the transaction back and release the key;
+//! - a handler that answers without beginning the transaction (an answer that wrote nothing, or
+//!   work done elsewhere) has its answer saved on its own, as in standard mode: should that save
+//!   fail, nothing is rolled back, so the answer is still sent and the key kept for its lease.
 //!
 //! On PostgreSQL, a handler whose work is all in the database (no slow call before its writes)
 //! can also make the claim inside that transaction and commit once:

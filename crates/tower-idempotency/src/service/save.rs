@@ -105,6 +105,7 @@ impl<St: Store> Lease<St> {
         let response = StoredResponse::new(parts.status, headers, body.clone())
             .with_trailers(trailers.clone());
         let limit = self.config.store_timeout;
+        let mut saved_alone = false;
         let save = async {
             let with_work = M::save_with_work(
                 run_state,
@@ -117,7 +118,10 @@ impl<St: Store> Lease<St> {
             );
             match with_work.await {
                 Some(committed) => committed,
-                None => self.save_alone(&response).await,
+                None => {
+                    saved_alone = true;
+                    self.save_alone(&response).await
+                }
             }
         };
         let err = match observe::timed(self.store.name(), "complete", save).await {
@@ -131,7 +135,14 @@ impl<St: Store> Lease<St> {
         let failure = err
             .as_ref()
             .map_or(SaveFailure::FencedOut, SaveFailure::Failed);
-        let rejection = M::unsaved(&failure, self.config.lease);
+        // A save alone (a transactional handler that never began its transaction) had no work
+        // to roll back with it: whatever the handler did stands, so its answer is sent, as in
+        // standard mode, and the key is not released for a retry to do it again.
+        let rejection = if saved_alone {
+            None
+        } else {
+            M::unsaved(&failure, self.config.lease)
+        };
         self.report_unsaved(&failure, rejection.as_ref()).await;
         rejection
     }
