@@ -153,7 +153,8 @@ impl<St: Store, M> Idempotency<St, M> {
     /// [`DEFAULT_SAVED_BODY_LIMIT`](crate::DEFAULT_SAVED_BODY_LIMIT), 1 MiB); the layer never
     /// holds more of a response than that and one frame.
     ///
-    /// An answer whose body is larger (a big download, a stream of server-sent events) is
+    /// An answer whose body is larger (a big download), and any stream of server-sent events
+    /// (`Content-Type: text/event-stream`, whose client waits for each event as it comes), is
     /// streamed to its client as the handler produces it, and saved without its body: a retry
     /// with the same key gets the first answer's status and headers (its `Location`, say),
     /// minus the headers that describe the body (`Content-Length`, `Content-Type`,

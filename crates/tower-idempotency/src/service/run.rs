@@ -159,7 +159,8 @@ async fn renew_forever<St: Store>(run: &Lease<St>) -> Infallible {
 
 /// The handler's answer with its body read up to `limit` bytes; trailers are kept with the
 /// body, since gRPC's outcome (`grpc-status`) is in them. A body that says it is larger than
-/// `limit` is not read at all.
+/// `limit` is not read at all, nor is a stream of server-sent events: it has no end to wait for,
+/// and its client waits for each event as it comes.
 async fn call_handler<S, ReqBody, ResBody>(
     mut inner: S,
     req: Request<ReqBody>,
@@ -172,7 +173,7 @@ where
 {
     let (parts, body) = inner.call(req).await?.into_parts();
     let mut body = Box::pin(body);
-    if body.size_hint().lower() > limit as u64 {
+    if body.size_hint().lower() > limit as u64 || is_event_stream(&parts.headers) {
         return Ok((parts, BodyRead::TooLarge(Bytes::new(), body)));
     }
     let mut reading = Reading::default();
@@ -189,6 +190,18 @@ where
     }
     let (whole, trailers) = reading.finish();
     Ok((parts, BodyRead::Whole(whole, trailers)))
+}
+
+/// Whether the answer is a stream of server-sent events (`Content-Type: text/event-stream`).
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.as_bytes().split(|b| *b == b';').next())
+        .is_some_and(|essence| {
+            essence
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"text/event-stream")
+        })
 }
 
 /// A response body as read so far. The first data frame is kept as it is, and copied only when

@@ -109,6 +109,51 @@ async fn an_answer_over_the_saved_limit_is_streamed_and_a_retry_gets_its_status_
     );
 }
 
+/// A stream of server-sent events under the default saved limit (1 MiB): small events, no end
+/// in sight. Its head comes at once and each event as it is sent, not after a mebibyte of them;
+/// a retry gets the first answer's status and headers, as for any answer not kept.
+#[tokio::test]
+async fn server_sent_events_reach_their_client_as_they_are_sent() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let senders = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let service = Idempotency::memory().layer(streaming_export(runs.clone(), senders.clone()));
+    let first = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        service.clone().oneshot(post("k", "a")),
+    )
+    .await
+    .expect("the head comes before any event")
+    .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let tx = senders.lock().unwrap().pop().expect("the handler ran");
+    let mut body = first.into_body();
+    for n in 0..3 {
+        let event = Bytes::from(format!("data: {n}\n\n"));
+        tx.send(event.clone()).await.unwrap();
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame())
+            .await
+            .expect("each event comes as it is sent")
+            .unwrap()
+            .unwrap();
+        assert_eq!(frame.into_data().unwrap(), event);
+    }
+    drop(tx);
+    assert!(
+        body.frame().await.is_none(),
+        "the stream ends with its sender"
+    );
+
+    let retry = service.clone().oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()[&crate::BODY_NOT_KEPT_HEADER], "true");
+    assert_eq!(retry.headers()["location"], "/exports/1");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the retry did not run again"
+    );
+}
+
 #[tokio::test]
 async fn a_body_announced_over_the_limit_is_not_read_before_it_is_sent() {
     let runs = Arc::new(AtomicUsize::new(0));
