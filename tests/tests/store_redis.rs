@@ -419,3 +419,38 @@ async fn an_unreachable_server_is_unavailable() {
     let err = RedisStore::connect(client).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable);
 }
+
+/// A Redis Cluster client sends a call again when the connection drops before its answer (up to
+/// sixteen times), so a claim can reach the server twice. Sent again with its own token, it is
+/// answered claimed, not in flight behind itself (which would answer its request 409 and leave
+/// the key held for a lease by nobody). Another request's claim is still in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_sent_twice_is_answered_as_once() {
+    let store = store().await;
+    let claim = claim_of(random_key(), "sent twice", LONG, DAY);
+    for attempt in ["the claim", "the same claim again"] {
+        assert_eq!(
+            store.claim(&claim).await.unwrap(),
+            ClaimOutcome::Claimed { taken_over: false },
+            "{attempt}"
+        );
+    }
+    let other = claim_of(claim.key, "sent twice", LONG, DAY);
+    assert!(
+        matches!(
+            store.claim(&other).await.unwrap(),
+            ClaimOutcome::InFlight { .. }
+        ),
+        "another request's claim (another token) is in flight"
+    );
+    let saved = response();
+    assert_eq!(
+        store.complete(&claim.hold(), &saved).await.unwrap(),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store.claim(&claim).await.unwrap(),
+        ClaimOutcome::Done(saved),
+        "once saved, the same claim is answered the saved response"
+    );
+}
