@@ -1,6 +1,6 @@
 //! What the broker integrations report about one delivery, and how they settle it.
 
-use std::{fmt, future::Future};
+use std::{fmt, future::Future, time::Duration};
 
 use crate::{Consumer, Error, Outcome, Work};
 
@@ -46,6 +46,24 @@ impl SettleError {
     }
 }
 
+/// The pause before a requeued event comes back when nothing says how long to wait: a work or a
+/// database that failed gets a moment before the next attempt, so that redeliveries do not spin
+/// through a queue's delivery limit (RabbitMQ's `x-delivery-limit`, JetStream's `max_deliver`)
+/// in milliseconds.
+pub const REQUEUE_PAUSE: Duration = Duration::from_secs(1);
+
+/// How long a requeued delivery should wait before it comes back: the lease left on an event in
+/// progress elsewhere (its holder may yet finish it, and no redelivery can run it before), else
+/// [`REQUEUE_PAUSE`].
+pub(crate) fn redelivery_delay<T, E>(result: &Result<Outcome<T>, Error<E>>) -> Duration {
+    match result {
+        Ok(Outcome::InProgress { lease_remaining }) => {
+            (*lease_remaining).max(Duration::from_millis(100))
+        }
+        _ => REQUEUE_PAUSE,
+    }
+}
+
 /// Whether a delivery with this result is settled (acked) rather than redelivered.
 pub(crate) fn settles<T, E>(result: &Result<Outcome<T>, Error<E>>) -> bool {
     match result {
@@ -74,11 +92,13 @@ pub trait BrokerMessage: Sync + sealed::Sealed {
     /// How many times the broker has delivered it, where the broker tells.
     fn deliveries(&self) -> Option<u64>;
 
-    /// Ack, requeue or refuse the message for good, as `settlement` says.
+    /// Ack, requeue or refuse the message for good, as `settlement` says; a requeued message
+    /// should come back after `redeliver_after`.
     #[doc(hidden)]
     fn settle(
         &self,
         settlement: Settlement,
+        redeliver_after: Duration,
     ) -> impl Future<Output = Result<(), SettleError>> + Send;
 }
 
@@ -137,7 +157,11 @@ where
             )
         }
     };
-    message.settle(settlement).await?;
+    let redeliver_after = match &result {
+        Ok(_) | Err(_) if settlement != Settlement::Requeued => Duration::ZERO,
+        result => redelivery_delay(result),
+    };
+    message.settle(settlement, redeliver_after).await?;
     Ok(Handled {
         event_id,
         redelivered: message.redelivered(),

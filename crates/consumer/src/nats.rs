@@ -9,7 +9,7 @@
 //! | result | settled with |
 //! |---|---|
 //! | processed, duplicate, parked (before or now) | `+ACK` after the commit |
-//! | the work failed, the database failed, in progress elsewhere (Redis) | `-NAK`: JetStream redelivers it |
+//! | the work failed, the database failed, in progress elsewhere (Redis) | `-NAK` with a delay: JetStream redelivers it after the lease left on an event in progress, else after [`REQUEUE_PAUSE`] |
 //! | no event id | `+TERM`: never redelivered |
 //!
 //! Each is a double ack: it returns once the server confirmed it.
@@ -63,7 +63,7 @@
 //! # }
 //! ```
 
-use std::fmt;
+use std::{fmt, time::Duration};
 
 pub use async_nats;
 use async_nats::{header::NATS_MESSAGE_ID, jetstream::message::AckKind, jetstream::Message};
@@ -71,6 +71,7 @@ use async_nats::{header::NATS_MESSAGE_ID, jetstream::message::AckKind, jetstream
 use crate::delivery::sealed::Sealed;
 pub use crate::delivery::{
     process_message, process_message_as, BrokerMessage, Handled, SettleError, Settlement,
+    REQUEUE_PAUSE,
 };
 
 impl Sealed for Message {}
@@ -99,10 +100,15 @@ impl BrokerMessage for Message {
 
     // Double acks throughout: the server confirms it has the settlement, so "acked" here means
     // acked there.
-    async fn settle(&self, settlement: Settlement) -> Result<(), SettleError> {
+    async fn settle(
+        &self,
+        settlement: Settlement,
+        redeliver_after: Duration,
+    ) -> Result<(), SettleError> {
         let kind = match settlement {
             Settlement::Acked => AckKind::Ack,
-            Settlement::Requeued => AckKind::Nak(None),
+            // JetStream holds the message back for the delay itself.
+            Settlement::Requeued => AckKind::Nak(Some(redeliver_after)),
             Settlement::Rejected => AckKind::Term,
         };
         self.double_ack_with(kind)

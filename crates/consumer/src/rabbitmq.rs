@@ -7,7 +7,7 @@
 //! | result | settled with |
 //! |---|---|
 //! | processed, duplicate, parked (before or now) | `basic.ack`, after the commit |
-//! | the work failed, the database failed, in progress elsewhere (Redis) | `basic.nack` with `requeue`: RabbitMQ redelivers it (`redelivered` set) |
+//! | the work failed, the database failed, in progress elsewhere (Redis) | after a pause of [`REQUEUE_PAUSE`], `basic.nack` with `requeue`: RabbitMQ redelivers it (`redelivered` set) |
 //! | no `message_id` | `basic.reject` without requeue (to the queue's dead-letter exchange, if any) |
 //!
 //! [`Handled`] reports what happened, including the broker's `redelivered` flag.
@@ -55,6 +55,8 @@
 //! `x-delivery-limit` and a dead-letter exchange.
 
 pub use lapin;
+use std::time::Duration;
+
 use lapin::{
     message::Delivery,
     options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions},
@@ -63,6 +65,7 @@ use lapin::{
 use crate::delivery::sealed::Sealed;
 pub use crate::delivery::{
     process_message as process_delivery, BrokerMessage, Handled, SettleError, Settlement,
+    REQUEUE_PAUSE,
 };
 
 impl Sealed for Delivery {}
@@ -89,10 +92,17 @@ impl BrokerMessage for Delivery {
         None
     }
 
-    async fn settle(&self, settlement: Settlement) -> Result<(), SettleError> {
+    async fn settle(
+        &self,
+        settlement: Settlement,
+        redeliver_after: Duration,
+    ) -> Result<(), SettleError> {
         match settlement {
             Settlement::Acked => self.ack(BasicAckOptions::default()).await,
             Settlement::Requeued => {
+                // RabbitMQ redelivers a requeued message at once: the pause is taken here, up to
+                // `REQUEUE_PAUSE`, holding the delivery (and its prefetch slot) meanwhile.
+                tokio::time::sleep(redeliver_after.min(REQUEUE_PAUSE)).await;
                 let requeue = BasicNackOptions {
                     requeue: true,
                     ..BasicNackOptions::default()

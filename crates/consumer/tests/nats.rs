@@ -61,18 +61,22 @@ async fn messages_are_acked_after_the_commit_naked_on_failure_parked_and_termina
 
     // ok once; poison three times (twice nak'ed, then parked and acked); no id once.
     let mut seen = Vec::new();
+    let mut received = Vec::new();
     for _ in 0..5 {
         let message = tokio::time::timeout(Duration::from_secs(10), messages.next())
             .await
             .expect("a message within 10 s")
             .expect("the stream is open")
             .expect("a message");
+        let received_at = tokio::time::Instant::now();
         let body = String::from_utf8(message.payload.to_vec()).expect("utf-8");
         let handled = nats::process_message(&ledger, &message, common::record_unless_poison(body))
             .await
             .expect("settled with the server");
+        received.push((handled.event_id.clone(), received_at));
         seen.push(handled);
     }
+    common::assert_requeues_wait(&received);
 
     let poison = common::assert_each_settlement(&seen);
     assert_eq!(

@@ -82,19 +82,23 @@ async fn deliveries_are_acked_after_the_commit_requeued_on_failure_parked_and_re
 
     // ok once; poison three times (twice requeued, then parked and acked); no id once.
     let mut seen = Vec::new();
+    let mut received = Vec::new();
     for _ in 0..5 {
         let delivery = tokio::time::timeout(Duration::from_secs(10), deliveries.next())
             .await
             .expect("a delivery within 10 s")
             .expect("the consumer is open")
             .expect("a delivery");
+        let received_at = tokio::time::Instant::now();
         let body = String::from_utf8(delivery.data.clone()).expect("utf-8");
         let handled =
             rabbitmq::process_delivery(&ledger, &delivery, common::record_unless_poison(body))
                 .await
                 .expect("settled with the broker");
+        received.push((handled.event_id.clone(), received_at));
         seen.push(handled);
     }
+    common::assert_requeues_wait(&received);
 
     let poison = common::assert_each_settlement(&seen);
     assert!(

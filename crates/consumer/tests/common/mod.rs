@@ -36,9 +36,28 @@ pub const MESSAGES: [(Option<&str>, &str); 3] = [
 
 /// One delivery as a broker integration handled it (the same type behind both brokers).
 #[cfg(feature = "nats")]
-pub use tower_idempotency_consumer::nats::{Handled, Settlement};
+pub use tower_idempotency_consumer::nats::{Handled, Settlement, REQUEUE_PAUSE};
 #[cfg(all(feature = "rabbitmq", not(feature = "nats")))]
-pub use tower_idempotency_consumer::rabbitmq::{Handled, Settlement};
+pub use tower_idempotency_consumer::rabbitmq::{Handled, Settlement, REQUEUE_PAUSE};
+
+/// A requeued event comes back no sooner than [`REQUEUE_PAUSE`] after it was received (less
+/// 100 ms for the clocks): redeliveries do not spin through a queue's delivery limit.
+/// `received` holds each delivery's event id and when it was received, in order.
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub fn assert_requeues_wait(received: &[(String, tokio::time::Instant)]) {
+    let mut checked = 0;
+    for (i, (id, at)) in received.iter().enumerate() {
+        if let Some((_, again)) = received[i + 1..].iter().find(|(next, _)| next == id) {
+            let gap = again.duration_since(*at);
+            assert!(
+                gap >= REQUEUE_PAUSE - Duration::from_millis(100),
+                "{id} came back {gap:?} after it was received"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no event came back: {received:?}");
+}
 
 /// Checks the brokers' tests' five deliveries (`evt_ok` once, `evt_poison` three times, one
 /// without an id, all done with [`record_unless_poison`]): `evt_ok` processed and acked, the
