@@ -97,9 +97,12 @@ pub fn report(event_id: &str, result: &Result<Outcome<()>, Error<sqlx::Error>>, 
     }
     let mut out = std::io::stdout().lock();
     // A closed stdout (the reader went away) must not stop the consumer.
+    // The id is the message's: escaped, so that one with a line break cannot print a line of
+    // its own that the proof would count.
     let _ = writeln!(
         out,
-        "settled event={event_id} outcome={outcome} redelivered={redelivered}"
+        "settled event={} outcome={outcome} redelivered={redelivered}",
+        event_id.escape_debug()
     );
     let _ = out.flush();
 }

@@ -37,9 +37,12 @@ impl Settings {
             amqp_url: std::env::var("AMQP_URL")
                 .unwrap_or_else(|_| "amqp://127.0.0.1:5672/%2f".into()),
             queue: std::env::var("QUEUE").unwrap_or_else(|_| "payments".into()),
+            // 0 would be RabbitMQ's "no limit": deliveries in hand without bound.
             prefetch: prefetch
                 .parse()
-                .map_err(|_| format!("PREFETCH={prefetch:?} is not a number from 1 to 65535"))?,
+                .ok()
+                .filter(|n: &u16| *n > 0)
+                .ok_or_else(|| format!("PREFETCH={prefetch:?} is not a number from 1 to 65535"))?,
         })
     }
 }

@@ -74,8 +74,14 @@ use signature::{
     stripe, SignatureError,
 };
 
-/// The consumer name the events are recorded under in `processed_events`.
+/// The consumer name the Standard Webhooks deliveries are recorded under in `processed_events`,
+/// by their `webhook-id`.
 pub const CONSUMER: &str = "payments-webhook";
+
+/// The consumer name the Stripe deliveries are recorded under, by their event's `id`: a name of
+/// its own, since the two schemes' ids are not one namespace (a Standard `webhook-id` that
+/// happens to equal a Stripe event's id must not make that event a duplicate).
+pub const STRIPE_CONSUMER: &str = "payments-webhook-stripe";
 
 /// What the receiver needs besides the database: the secrets and the clock tolerance.
 #[derive(Clone)]
@@ -129,7 +135,10 @@ impl Config {
 #[derive(Clone)]
 struct AppState {
     pool: SqlitePool,
+    /// Standard Webhooks deliveries ([`CONSUMER`]).
     consumer: SqliteConsumer,
+    /// Stripe deliveries ([`STRIPE_CONSUMER`]).
+    stripe_consumer: SqliteConsumer,
     config: Config,
 }
 
@@ -190,6 +199,7 @@ pub fn app(pool: SqlitePool, config: Config) -> Router {
     }
     router.with_state(AppState {
         consumer: SqliteConsumer::new(pool.clone(), CONSUMER),
+        stripe_consumer: SqliteConsumer::new(pool.clone(), STRIPE_CONSUMER),
         pool,
         config,
     })
@@ -255,7 +265,7 @@ async fn receive_standard(
         .map(str::to_owned)
     })();
     let delivery_id = verified.map_err(|err| Problem::unauthorized(&err, Scheme::Standard))?;
-    apply_delivery(&state, Some(delivery_id), &body).await
+    apply_delivery(&state.consumer, Some(delivery_id), &body).await
 }
 
 async fn receive_stripe(
@@ -282,7 +292,7 @@ async fn receive_stripe(
         })
         .map_err(|err| Problem::unauthorized(&err, Scheme::Stripe))?;
     // Stripe retries a delivery with the same event: its id is the dedupe key.
-    apply_delivery(&state, None, &body).await
+    apply_delivery(&state.stripe_consumer, None, &body).await
 }
 
 /// Which signature scheme a refusal is about: its answer names the scheme's headers.
@@ -294,10 +304,10 @@ pub enum Scheme {
     Stripe,
 }
 
-/// Parse the verified body and apply it once per delivery id (`delivery_id`, or the event's
-/// `id` when the scheme has no delivery id of its own).
+/// Parse the verified body and apply it once per delivery id of `consumer` (`delivery_id`, or
+/// the event's `id` when the scheme has no delivery id of its own).
 async fn apply_delivery(
-    state: &AppState,
+    consumer: &SqliteConsumer,
     delivery_id: Option<String>,
     body: &Bytes,
 ) -> Result<Json<Ack>, Problem> {
@@ -316,8 +326,7 @@ async fn apply_delivery(
     let id = event.id.clone();
     let delivery_id = delivery_id.unwrap_or_else(|| id.clone());
     // The closure owns the event: its future may only borrow the transaction.
-    let outcome = state
-        .consumer
+    let outcome = consumer
         .process_once_with_payload(&delivery_id, Some(body), move |tx| {
             Box::pin(async move { apply(tx, &event).await })
         })

@@ -450,6 +450,26 @@ async fn the_standard_dedupe_key_is_the_delivery_id() {
     assert_eq!(payment(&app, "pay_1").await.1["captured_cents"], 4000);
 }
 
+/// The two schemes' ids are not one namespace: a Standard delivery whose `webhook-id` equals a
+/// Stripe event's `id` does not make that event a duplicate.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_standard_delivery_id_equal_to_a_stripe_event_id_is_another_event() {
+    let (app, _pool) = receiver(config()).await;
+    let standard_capture = event("evt_a", "payment.captured", "pay_standard", 1000);
+    let body = serde_json::to_vec(&standard_capture).expect("serialize");
+    let signing = Signing::now(Scheme::Standard, "evt_1");
+    let (_, _, ack) = send(
+        &app,
+        delivery(Scheme::Standard, &body, &signing.headers(&body)),
+    )
+    .await;
+    assert_eq!(ack["status"], "applied");
+    let stripe_capture = event("evt_1", "payment.captured", "pay_stripe", 2500);
+    let (_, _, ack) = send(&app, signed(Scheme::Stripe, &stripe_capture)).await;
+    assert_eq!(ack["status"], "applied", "{ack}");
+    assert_eq!(payment(&app, "pay_stripe").await.1["captured_cents"], 2500);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn stale_signatures_are_401_within_a_configurable_tolerance() {
     for scheme in SCHEMES {
