@@ -464,18 +464,19 @@ async fn failing_renewals_end_the_work_when_the_lease_runs_out() {
     );
 }
 
+/// A first delivery of `evt_1`, processed: the work's first run, counted in `runs`.
+async fn first_delivery(consumer: &RedisConsumer, runs: &'static AtomicUsize) {
+    let first = deliver(consumer, "evt_1", LEASE, || send(runs)).await;
+    assert_eq!(first.expect("first"), Outcome::Processed(1));
+}
+
 /// The work is made only once the claim is this delivery's: the closure's own code (outside
 /// the future it returns) does not run for a duplicate.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_duplicate_does_not_make_the_work() {
     let consumer = consumer(&unique_name("consumer")).await;
     let runs = counter();
-    assert_eq!(
-        deliver(&consumer, "evt_1", LEASE, || send(runs))
-            .await
-            .expect("first"),
-        Outcome::Processed(1)
-    );
+    first_delivery(&consumer, runs).await;
     let made = counter();
     let again = consumer
         .process_once("evt_1", |_| {
@@ -502,12 +503,7 @@ async fn the_longest_retention_marks_the_event_done() {
         .await
         .with_retention(Duration::MAX);
     let runs = counter();
-    assert_eq!(
-        deliver(&consumer, "evt_1", LEASE, || send(runs))
-            .await
-            .expect("first"),
-        Outcome::Processed(1)
-    );
+    first_delivery(&consumer, runs).await;
     let again = deliver(&consumer, "evt_1", LEASE, || send(runs)).await;
     let mut conn = redis_connection().await;
     let ttl_ms: i64 = conn.pttl(consumer.key("evt_1")).await.expect("PTTL");
