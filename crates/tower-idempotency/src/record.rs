@@ -96,6 +96,19 @@ const NOT_SAVED: [HeaderName; 10] = [
     header::SET_COOKIE,
 ];
 
+/// Whether an answer is a stream of server-sent events (`Content-Type: text/event-stream`),
+/// which has no end to wait for before it is sent.
+pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.as_bytes().split(|b| *b == b';').next())
+        .is_some_and(|essence| {
+            essence
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"text/event-stream")
+        })
+}
+
 /// The headers of `response` worth replaying: all but hop-by-hop headers (the fixed list and any
 /// named in `Connection`), `Date` and `Set-Cookie`. Multi-valued headers keep every value, in order.
 pub(crate) fn saved_headers(headers: &HeaderMap) -> HeaderMap {

@@ -58,11 +58,8 @@ pub(super) async fn claim<St: Store, M: Mode<St>>(
                 continue;
             }
             Ok(claimed) => claimed,
-            // A full queue refused the claim before it was sent: there is nothing to release,
-            // and a release would only join the queue that is already full.
-            Err(err) if err.kind() == StoreErrorKind::Full => return Err(err),
             Err(err) => {
-                release_in_background(layer, claim.hold());
+                release_failed_claim(layer, claim.hold(), &err);
                 return Err(err);
             }
         };
@@ -88,8 +85,13 @@ pub(super) async fn claim<St: Store, M: Mode<St>>(
 
 /// After a failed claim (a timeout, a cut connection), the claim may still have landed: release it,
 /// fenced by our token so nothing else is touched, so that a retry need not wait for the lease to
-/// lapse. In the background, because the client's 503 should not wait for a store in trouble.
-fn release_in_background<St: Store, M>(layer: &Shared<St, M>, hold: Hold) {
+/// lapse. In the background, because the client's 503 should not wait for a store in trouble. A
+/// claim refused as [`StoreErrorKind::Full`] was never sent: there is nothing to release, and a
+/// release would only join the queue that is already full.
+fn release_failed_claim<St: Store, M>(layer: &Shared<St, M>, hold: Hold, err: &StoreError) {
+    if err.kind() == StoreErrorKind::Full {
+        return;
+    }
     let store = layer.store.clone();
     let limit = layer.config.store_timeout;
     tokio::spawn(

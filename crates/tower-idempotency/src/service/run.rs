@@ -17,6 +17,7 @@ use crate::{
     config::Config,
     mode::Mode,
     observe::{self, Outcome, RequestRecord},
+    record,
     retry_after::Running,
     store::{bounded, Fenced, Hold, Store},
 };
@@ -173,7 +174,7 @@ where
 {
     let (parts, body) = inner.call(req).await?.into_parts();
     let mut body = Box::pin(body);
-    if body.size_hint().lower() > limit as u64 || is_event_stream(&parts.headers) {
+    if body.size_hint().lower() > limit as u64 || record::is_event_stream(&parts.headers) {
         return Ok((parts, BodyRead::TooLarge(Bytes::new(), body)));
     }
     let mut reading = Reading::default();
@@ -190,18 +191,6 @@ where
     }
     let (whole, trailers) = reading.finish();
     Ok((parts, BodyRead::Whole(whole, trailers)))
-}
-
-/// Whether the answer is a stream of server-sent events (`Content-Type: text/event-stream`).
-fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|value| value.as_bytes().split(|b| *b == b';').next())
-        .is_some_and(|essence| {
-            essence
-                .trim_ascii()
-                .eq_ignore_ascii_case(b"text/event-stream")
-        })
 }
 
 /// A response body as read so far. The first data frame is kept as it is, and copied only when

@@ -135,14 +135,11 @@ impl<St: Store> Lease<St> {
         let failure = err
             .as_ref()
             .map_or(SaveFailure::FencedOut, SaveFailure::Failed);
-        // A save alone (a transactional handler that never began its transaction) had no work
-        // to roll back with it: whatever the handler did stands, so its answer is sent, as in
-        // standard mode, and the key is not released for a retry to do it again.
-        let rejection = if saved_alone {
-            None
-        } else {
-            M::unsaved(&failure, self.config.lease)
-        };
+        // A save alone (no transaction was begun) rolled no work back: the answer is sent and
+        // the key kept, as in standard mode, not released for a retry to do the work again.
+        let rejection = (!saved_alone)
+            .then(|| M::unsaved(&failure, self.config.lease))
+            .flatten();
         self.report_unsaved(&failure, rejection.as_ref()).await;
         rejection
     }

@@ -395,10 +395,10 @@ rows_affected!(
     "mysql" => sqlx::mysql::MySqlQueryResult
 );
 
-/// How long the release of an abandoned claim may take: as long as a lease lasts by default, by
-/// when the key has usually freed itself.
+/// How long the release of an abandoned claim may take: as long as a lease lasts by default
+/// (30 s), by when the key has usually freed itself.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-const ABANDONED_RELEASE_WITHIN: std::time::Duration = crate::config::DEFAULT_LEASE;
+const ABANDONED_RELEASE_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Release, in a task of its own, a claim that won for a request that is gone (see
 /// [`batch`]'s Dropped requests): `release` is the store's token-checked delete. A failure is only
