@@ -359,6 +359,7 @@ fn router<B: backend::Backend>(
         .route("/openapi.json", get(openapi::document))
         .route("/metrics", get(move || telemetry::metrics(metrics.clone())))
         .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
         .with_state(state);
     telemetry::layers(routes)
 }

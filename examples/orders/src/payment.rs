@@ -22,13 +22,10 @@ impl PaymentProvider {
 
     /// Authorise `amount_cents` for `customer_id`, forwarding `key` as the provider's own
     /// idempotency key.
-    pub async fn authorize(&self, key: &IdempotencyKey, customer_id: &str, amount_cents: i64) {
-        tracing::debug!(
-            idempotency_key = key.as_str(),
-            customer_id,
-            amount_cents,
-            "authorising payment"
-        );
+    pub async fn authorize(&self, _key: &IdempotencyKey, customer_id: &str, amount_cents: i64) {
+        // A real provider's request carries the key; this stand-in only waits. The key is not
+        // logged: keys often carry meaning (an order or payment id).
+        tracing::debug!(customer_id, amount_cents, "authorising payment");
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }

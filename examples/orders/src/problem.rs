@@ -178,6 +178,16 @@ impl Problem {
         Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
     }
 
+    /// 405: the route exists, but not for this method.
+    pub fn method_not_allowed(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method-not-allowed",
+            "Method not allowed",
+            detail,
+        )
+    }
+
     /// 503: the database did not answer; nothing was committed, so the request can be retried
     /// (with the same idempotency key).
     pub fn unavailable(err: &sqlx::Error) -> Self {

@@ -107,6 +107,13 @@ impl<S: Send + Sync> FromRequest<S> for NewOrder {
                 "the body is empty; send a JSON object like {EXAMPLE_BODY}"
             )));
         }
+        // serde reads a struct from an array too, by position (`["c_1", 4000]`): an order is an
+        // object with named fields.
+        if body.trim_ascii().starts_with(b"[") {
+            return Err(Problem::invalid_order(format!(
+                "the body is a JSON array; send a JSON object like {EXAMPLE_BODY}"
+            )));
+        }
         let Json(order) = Json::<NewOrder>::from_bytes(&body).map_err(invalid_body)?;
         order.validate()?;
         Ok(order)
@@ -340,6 +347,14 @@ pub(crate) async fn healthz<B: Backend>(State(state): State<AppState<B>>) -> Res
     }
 }
 
+/// A route with another method: 405 (axum adds the route's `Allow` header).
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> Problem {
+    Problem::method_not_allowed(format!(
+        "{} does not take {method}; the methods it takes are in the Allow header. The routes are POST /orders, GET /orders/{{orderId}}, GET /orders?customerId=..., GET /healthz",
+        uri.path()
+    ))
+}
+
 /// Any other route: 404 with the list of routes.
 pub(crate) async fn not_found(method: Method, uri: Uri) -> Problem {
     Problem::not_found(format!(
@@ -420,7 +435,12 @@ mod tests {
                 &format!("{EXAMPLE_BODY} x"),
                 "trailing characters",
             ),
-            (Some("application/json"), "[1]", "customerId"),
+            (Some("application/json"), "[1]", "a JSON array"),
+            (
+                Some("application/json"),
+                r#" ["c_1", 4000]"#,
+                "a JSON array",
+            ),
             (
                 Some("application/json"),
                 r#"{"totalCents": 4000}"#,

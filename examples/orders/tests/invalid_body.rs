@@ -29,7 +29,7 @@ async fn each_refused_body_is_a_400_problem_and_the_corrected_order_reuses_the_k
             "not valid JSON",
         ),
         ("empty body", json, "", "the body is empty"),
-        ("not an object", json, "[4000]", "not a valid order"),
+        ("not an object", json, "[4000]", "the body is a JSON array"),
         (
             "missing field",
             json,

@@ -95,6 +95,43 @@ async fn request_ids_are_made_or_kept_and_typos_stay_404() {
     assert_eq!(kept.headers()["x-request-id"], "req-42");
 }
 
+/// A route asked with a method it does not take answers 405 as problem+json, with `Allow`.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_method_on_a_route_is_a_405_problem_with_allow() {
+    let addr = serve().await;
+    let client = reqwest::Client::new();
+    for (method, path, allowed) in [
+        (reqwest::Method::PUT, "/orders", "POST"),
+        (reqwest::Method::DELETE, "/orders/1", "GET"),
+        (reqwest::Method::POST, "/healthz", "GET"),
+    ] {
+        let response = client
+            .request(method.clone(), format!("http://{addr}{path}"))
+            .header("idempotency-key", "k-405")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 405, "{method} {path}");
+        let allow = response.headers()["allow"].to_str().unwrap().to_owned();
+        assert!(allow.contains(allowed), "{method} {path}: Allow {allow}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json"
+        );
+        let problem: serde_json::Value =
+            serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+        assert_eq!(problem["status"], 405);
+        assert!(problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("method-not-allowed"));
+        assert!(
+            problem["detail"].as_str().unwrap().contains(path),
+            "{problem}"
+        );
+    }
+}
+
 /// `/healthz` answers 503 (problem+json, with `Retry-After`) once the database does not answer.
 #[tokio::test(flavor = "multi_thread")]
 async fn healthz_is_503_when_the_database_is_gone() {
