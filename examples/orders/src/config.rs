@@ -110,6 +110,16 @@ impl fmt::Debug for AdminToken {
     }
 }
 
+/// `host:port` as an address: an IP address as it is, a host name (`localhost:3000`) as the
+/// first address it resolves to.
+fn socket_addr(value: &str) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    value
+        .parse()
+        .ok()
+        .or_else(|| value.to_socket_addrs().ok()?.next())
+}
+
 /// The address served on when `BIND_ADDR` is not set.
 pub const DEFAULT_BIND_ADDR: &str = "127.0.0.1:3000";
 
@@ -138,11 +148,11 @@ impl Settings {
             None => DEFAULT_BIND_ADDR
                 .parse()
                 .expect("the default address parses"),
-            Some(v) => v.trim().parse().map_err(|_| {
+            Some(v) => socket_addr(v.trim()).ok_or_else(|| {
                 ConfigError::new(
                     "BIND_ADDR",
                     &v,
-                    "an IP address and port, like 127.0.0.1:3000",
+                    "an address and port, like 127.0.0.1:3000 or localhost:3000",
                 )
             })?,
         };
@@ -386,6 +396,15 @@ mod tests {
             assert_eq!(err.variable, name);
             assert!(err.to_string().starts_with(name), "{err}");
         }
+    }
+
+    #[test]
+    fn bind_addr_takes_a_host_name() {
+        let local = settings(&[("BIND_ADDR", "localhost:3001")]).unwrap();
+        assert!(local.bind_addr.ip().is_loopback(), "{}", local.bind_addr);
+        assert_eq!(local.bind_addr.port(), 3001);
+        let ip = settings(&[("BIND_ADDR", " 127.0.0.1:0 ")]).unwrap();
+        assert_eq!(ip.bind_addr, "127.0.0.1:0".parse().unwrap());
     }
 
     #[test]

@@ -178,6 +178,21 @@ impl Problem {
         Self::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
     }
 
+    /// 408: the request was not answered within `limit`. Its work may still finish (behind the
+    /// idempotency layer it runs to the end and its answer is saved), so the retry uses the same
+    /// key.
+    pub fn answer_timed_out(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request-timeout",
+            "Request timeout",
+            format!(
+                "the request was not answered within {} s; its work may still finish: retry with the same Idempotency-Key (for POST) to get its answer",
+                limit.as_secs()
+            ),
+        )
+    }
+
     /// 405: the route exists, but not for this method.
     pub fn method_not_allowed(detail: impl Into<String>) -> Self {
         Self::new(

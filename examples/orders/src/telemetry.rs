@@ -84,9 +84,58 @@ pub(crate) fn layers(router: Router) -> Router {
                 }),
             )
             .layer(PropagateRequestIdLayer::x_request_id())
+            .layer(axum::middleware::map_response(timeout_as_problem))
             .layer(TimeoutLayer::with_status_code(
                 StatusCode::REQUEST_TIMEOUT,
                 REQUEST_TIMEOUT,
             )),
     )
+}
+
+/// The timeout's `408`, which `tower-http` sends with an empty body, as this API's problem+json.
+/// A `408` with a body of its own (the idempotency layer's, for a body sent too slowly) is left
+/// as it is.
+async fn timeout_as_problem(response: Response) -> Response {
+    if response.status() == StatusCode::REQUEST_TIMEOUT
+        && !response.headers().contains_key(CONTENT_TYPE)
+    {
+        return crate::Problem::answer_timed_out(REQUEST_TIMEOUT).into_response();
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_timeouts_408_is_a_problem_and_the_layers_own_408_is_kept() {
+        let timed_out = Response::builder()
+            .status(StatusCode::REQUEST_TIMEOUT)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let answered = timeout_as_problem(timed_out).await;
+        assert_eq!(answered.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(answered.headers()[CONTENT_TYPE], "application/problem+json");
+        let body = axum::body::to_bytes(answered.into_body(), 64 * 1024)
+            .await
+            .unwrap();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(problem["status"], 408);
+        assert!(problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("same Idempotency-Key"));
+
+        let own = Response::builder()
+            .status(StatusCode::REQUEST_TIMEOUT)
+            .header(CONTENT_TYPE, "application/problem+json")
+            .body(axum::body::Body::from("{\"status\":408}"))
+            .unwrap();
+        let kept = timeout_as_problem(own).await;
+        let body = axum::body::to_bytes(kept.into_body(), 64 * 1024)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], b"{\"status\":408}");
+    }
 }
