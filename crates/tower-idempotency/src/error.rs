@@ -161,7 +161,7 @@ impl Rejection {
                 "the request body could not be read; send the request again".to_owned()
             }
             Rejection::BodyTooLarge { limit } => format!(
-                "the request body is larger than {limit} bytes, the most this endpoint accepts with an idempotency key; nothing was processed"
+                "the request body is larger than {limit} bytes, the most this endpoint accepts with an idempotency key; nothing was processed; send a smaller body"
             ),
             Rejection::BodyTimeout { timeout } => format!(
                 "the request body was not received within {} s; nothing was processed; send the request again (with the same idempotency key)",
@@ -173,7 +173,7 @@ impl Rejection {
             Rejection::LeaseLost { .. } => format!(
                 "this attempt took too long and a retry with the same idempotency key took over; nothing was committed; retry after {secs} s to get the result"
             ),
-            Rejection::KeyReused => "this idempotency key was already used for a different request (method, path or body); use a new key for a new operation, or resend the original request unchanged".to_owned(),
+            Rejection::KeyReused => "this idempotency key was already used for a different request (its method, path, query, Content-Type or body); use a new key for a new operation, or resend the original request unchanged".to_owned(),
             Rejection::StoreUnavailable { .. } => format!(
                 "the request was not processed because idempotency could not be guaranteed right now; retry with the same key after {secs} s"
             ),
