@@ -67,7 +67,8 @@ compile_error!("build at least one backend: --features postgres, sqlite, mysql o
 #[command(version, about)]
 struct Cli {
     /// The store: postgres://..., sqlite://FILE, mysql://... or redis://...
-    #[arg(long, env = "DATABASE_URL")]
+    // Its value may hold a password: `--help` must not print it.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     url: String,
     /// Redis only: the key prefix the store uses.
     #[arg(long, default_value = "idempotency")]

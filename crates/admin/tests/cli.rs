@@ -310,3 +310,19 @@ async fn unknown_urls_are_refused_with_the_schemes() {
         "{refused:?}"
     );
 }
+
+/// `--help` shows where the store's URL comes from (`DATABASE_URL`), never its value: the URL
+/// may hold a password.
+#[tokio::test]
+async fn help_does_not_print_the_urls_password() {
+    let help = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-idempotency-admin"))
+        .arg("--help")
+        .env("DATABASE_URL", "mysql://root:s3cret-pass@127.0.0.1/x")
+        .output()
+        .await
+        .expect("run the admin tool");
+    assert!(help.status.success(), "{}", stderr(&help));
+    let text = stdout(&help);
+    assert!(text.contains("DATABASE_URL"), "{text}");
+    assert!(!text.contains("s3cret-pass"), "{text}");
+}

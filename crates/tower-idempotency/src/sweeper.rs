@@ -19,7 +19,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use crate::store::Store;
+use crate::store::{bounded, Store};
 
 /// Records deleted per statement by default: small enough that each delete holds its locks
 /// briefly, large enough to clear a backlog quickly.
@@ -129,13 +129,19 @@ impl Drop for Sweeper {
     }
 }
 
+/// How long one sweep batch or one stats read may take: unanswered after this (a network that
+/// drops packets, a table locked by hand), it is abandoned and the next tick tries again, rather
+/// than stopping the sweeper for as long as the connection hangs.
+const SWEEP_CALL_LIMIT: Duration = Duration::from_secs(60);
+
 /// One round: sweep batch after batch while they come back full. Returns how many were deleted.
 async fn sweep_backlog<St: Store>(store: &St, batch: u32) -> u64 {
     let mut total = 0;
     let mut batches = 0;
     loop {
         batches += 1;
-        match crate::observe::timed(store.name(), "sweep", store.sweep(batch)).await {
+        let sweep = bounded("the sweep", SWEEP_CALL_LIMIT, store.sweep(batch));
+        match crate::observe::timed(store.name(), "sweep", sweep).await {
             Ok(deleted) => {
                 total += deleted;
                 if deleted < u64::from(batch) {
@@ -158,7 +164,8 @@ async fn sweep_backlog<St: Store>(store: &St, batch: u32) -> u64 {
 
 /// Read the store's stats into the gauges; `false` when the store has none (stop asking).
 async fn report_stats<St: Store>(store: &St) -> bool {
-    match crate::observe::timed(store.name(), "stats", store.stats()).await {
+    let stats = bounded("the stats", SWEEP_CALL_LIMIT, store.stats());
+    match crate::observe::timed(store.name(), "stats", stats).await {
         Ok(stats) => {
             crate::observe::store_stats(store.name(), &stats);
             true
@@ -181,12 +188,14 @@ mod tests {
     use super::*;
     use crate::store::{Claim, ClaimOutcome, Fenced, Hold, StoreError, StoredResponse};
 
-    /// A store with `backlog` expired records and an optional failure on the first call.
+    /// A store with `backlog` expired records and an optional failure, or hang, on the first
+    /// call.
     #[derive(Debug, Default)]
     struct Backlog {
         backlog: AtomicU64,
         calls: AtomicU32,
         fail_first: bool,
+        hang_first: bool,
     }
 
     impl Store for Backlog {
@@ -203,7 +212,12 @@ mod tests {
             unimplemented!()
         }
         async fn sweep(&self, batch: u32) -> Result<u64, StoreError> {
-            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 && self.fail_first {
+            let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
+            if first && self.hang_first {
+                // A statement whose answer never comes (a connection that drops packets).
+                std::future::pending::<()>().await;
+            }
+            if first && self.fail_first {
                 return Err(StoreError::new(
                     crate::store::StoreErrorKind::Unavailable,
                     "down",
@@ -244,6 +258,33 @@ mod tests {
         sweeper.stop().await;
         // One failed call, then ten batches of one and a final empty batch.
         assert_eq!(store.calls.load(Ordering::SeqCst), 12);
+    }
+
+    /// A sweep whose answer never comes is abandoned after its limit, and the next tick sweeps:
+    /// the sweeper does not stop for as long as a connection hangs.
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_that_hangs_is_abandoned_and_the_next_tick_sweeps() {
+        let store = Arc::new(Backlog {
+            backlog: AtomicU64::new(10),
+            hang_first: true,
+            ..Backlog::default()
+        });
+        let sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(1), 100);
+        let started = tokio::time::Instant::now();
+        while store.backlog.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        sweeper.stop().await;
+        assert!(
+            started.elapsed() >= SWEEP_CALL_LIMIT,
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            store.calls.load(Ordering::SeqCst),
+            2,
+            "the hung call, then one batch"
+        );
     }
 
     /// A stats round sets the record gauges, the oldest running record's age included; a store

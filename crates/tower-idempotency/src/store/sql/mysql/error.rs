@@ -21,8 +21,10 @@ use crate::store::error::StoreErrorKind;
 pub(in crate::store) fn kind(err: &MySqlDatabaseError) -> StoreErrorKind {
     match err.number() {
         // ER_LOCK_DEADLOCK: InnoDB rolled the statement (or transaction) back to break a
-        // deadlock. ER_XA_RBDEADLOCK likewise inside an XA transaction.
-        1213 | 1614 => StoreErrorKind::Conflict,
+        // deadlock. ER_XA_RBDEADLOCK likewise inside an XA transaction. ER_CHECKREAD (MariaDB
+        // with innodb_snapshot_isolation): a row the transaction read was changed since, by a
+        // lease renewal, say.
+        1213 | 1614 | 1020 => StoreErrorKind::Conflict,
         // ER_LOCK_WAIT_TIMEOUT: the row stayed locked for innodb_lock_wait_timeout; the retry
         // is the client's, after Retry-After.
         1205 => StoreErrorKind::Unavailable,

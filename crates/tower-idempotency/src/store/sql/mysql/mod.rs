@@ -264,10 +264,10 @@ const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(60);
 /// Take the named lock that keeps migrations of one database apart (lock names are
 /// server-wide, and at most 64 characters), waiting up to `?` seconds; 1 when taken.
 const LOCK_MIGRATIONS: &str =
-    "SELECT GET_LOCK(CONCAT('tower_idempotency_migrate_', MD5(DATABASE())), ?)";
+    "SELECT GET_LOCK(CONCAT('tower_idempotency_migrate_', MD5(COALESCE(DATABASE(), ''))), ?)";
 /// Let it go.
 const UNLOCK_MIGRATIONS: &str =
-    "SELECT RELEASE_LOCK(CONCAT('tower_idempotency_migrate_', MD5(DATABASE())))";
+    "SELECT RELEASE_LOCK(CONCAT('tower_idempotency_migrate_', MD5(COALESCE(DATABASE(), ''))))";
 
 /// Run `migrator` on `pool` as [`MySqlStore::migrate`] runs the store's own migrations, safe
 /// from several processes at once: under a named lock per database (`GET_LOCK`, waited for up to
