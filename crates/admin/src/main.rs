@@ -21,7 +21,9 @@
 //! Where that value is a credential, pass it as `IDEMPOTENCY_SCOPE` instead, out of the shell
 //! history and the process list.
 //! `--hash` names a record by its key hash instead, as `stats` and the layer's logs show it.
-//! `inspect` and `forget` exit with 2 when there is no such record.
+//! `inspect` and `forget` exit with 2 when there is no such record. `forget` of a record still
+//! running (its lease not lapsed) warns on stderr: if its handler is still at work, a retry now
+//! runs it again.
 //!
 //! # Backends
 //!
@@ -311,6 +313,12 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         }
         Command::Forget { record } => {
             let hash = record.key_hash()?;
+            let before = store.get(&hash).await.map_err(|e| chain(&e))?;
+            if let Some(lease) = before.and_then(|record| record.lease_remaining) {
+                if !lease.is_zero() {
+                    eprintln!("warning: the record was running, {} left on its lease: if its handler is still at work, a retry now runs it again", human(lease));
+                }
+            }
             if store.forget(&hash).await.map_err(|e| chain(&e))? {
                 println!("forgotten: {hash}");
             } else {

@@ -175,11 +175,21 @@ async fn the_verbs_on_saved_keys<S: Store>(url: &str, store: &S, prefix: &[&str]
 
     let forget = run(&["forget", "k", "--scope", "Bearer alice"]).await;
     assert!(forget.status.success(), "{forget:?}");
+    assert!(
+        !stderr(&forget).contains("warning"),
+        "a done record: {forget:?}"
+    );
     let gone = run(&["inspect", "k", "--scope", "Bearer alice"]).await;
     assert_eq!(gone.status.code(), Some(2));
+    // Forgetting the running record warns that a retry may now run its handler again.
     let mut forget_hash = prefix.to_vec();
     forget_hash.extend_from_slice(&["forget", "--hash", &hex]);
-    assert!(admin(url, &forget_hash).await.status.success());
+    let forget_running = admin(url, &forget_hash).await;
+    assert!(forget_running.status.success(), "{forget_running:?}");
+    assert!(
+        stderr(&forget_running).contains("warning: the record was running"),
+        "{forget_running:?}"
+    );
     assert_eq!(admin(url, &forget_hash).await.status.code(), Some(2));
 
     let stats = run(&["stats"]).await;
