@@ -93,6 +93,8 @@ use std::{fmt, future::Future};
 
 use futures_util::future::BoxFuture;
 
+#[cfg(any(feature = "rabbitmq", feature = "nats"))]
+pub use delivery::REQUEUE_PAUSE;
 pub use error::Error;
 pub use outcome::Outcome;
 

@@ -9,7 +9,7 @@
 //! | result | settled with |
 //! |---|---|
 //! | processed, duplicate, parked (before or now) | `+ACK` after the commit |
-//! | the work failed, the database failed, in progress elsewhere (Redis) | `-NAK` with a delay: JetStream redelivers it after the lease left on an event in progress, else after [`REQUEUE_PAUSE`] |
+//! | the work failed, the database failed, in progress elsewhere (Redis) | `-NAK` with a delay: JetStream redelivers it after the lease left on an event in progress, else after [`REQUEUE_PAUSE`](crate::REQUEUE_PAUSE) |
 //! | no event id | `+TERM`: never redelivered |
 //!
 //! Each is a double ack: it returns once the server confirmed it.
@@ -71,7 +71,6 @@ use async_nats::{header::NATS_MESSAGE_ID, jetstream::message::AckKind, jetstream
 use crate::delivery::sealed::Sealed;
 pub use crate::delivery::{
     process_message, process_message_as, BrokerMessage, Handled, SettleError, Settlement,
-    REQUEUE_PAUSE,
 };
 
 impl Sealed for Message {}

@@ -7,7 +7,7 @@
 //! | result | settled with |
 //! |---|---|
 //! | processed, duplicate, parked (before or now) | `basic.ack`, after the commit |
-//! | the work failed, the database failed, in progress elsewhere (Redis) | after a pause of [`REQUEUE_PAUSE`], `basic.nack` with `requeue`: RabbitMQ redelivers it (`redelivered` set) |
+//! | the work failed, the database failed, in progress elsewhere (Redis) | after a pause of [`REQUEUE_PAUSE`](crate::REQUEUE_PAUSE), `basic.nack` with `requeue`: RabbitMQ redelivers it (`redelivered` set) |
 //! | no `message_id` | `basic.reject` without requeue (to the queue's dead-letter exchange, if any) |
 //!
 //! [`Handled`] reports what happened, including the broker's `redelivered` flag.
@@ -65,7 +65,6 @@ use lapin::{
 use crate::delivery::sealed::Sealed;
 pub use crate::delivery::{
     process_message as process_delivery, BrokerMessage, Handled, SettleError, Settlement,
-    REQUEUE_PAUSE,
 };
 
 impl Sealed for Delivery {}
@@ -102,7 +101,7 @@ impl BrokerMessage for Delivery {
             Settlement::Requeued => {
                 // RabbitMQ redelivers a requeued message at once: the pause is taken here, up to
                 // `REQUEUE_PAUSE`, holding the delivery (and its prefetch slot) meanwhile.
-                tokio::time::sleep(redeliver_after.min(REQUEUE_PAUSE)).await;
+                tokio::time::sleep(redeliver_after.min(crate::REQUEUE_PAUSE)).await;
                 let requeue = BasicNackOptions {
                     requeue: true,
                     ..BasicNackOptions::default()

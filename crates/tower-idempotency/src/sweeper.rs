@@ -244,18 +244,30 @@ mod tests {
         assert_eq!(store.calls.load(Ordering::SeqCst), 6);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn errors_are_logged_and_the_next_tick_tries_again() {
-        let store = Arc::new(Backlog {
+    /// A store with ten expired records.
+    fn ten_expired() -> Backlog {
+        Backlog {
             backlog: AtomicU64::new(10),
-            fail_first: true,
             ..Backlog::default()
-        });
-        let sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(1), 0);
+        }
+    }
+
+    /// A sweeper on `store` every second, in batches of `batch`, until its backlog is gone.
+    async fn sweep_every_second_until_none_is_left(store: &Arc<Backlog>, batch: u32) {
+        let sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(1), batch);
         while store.backlog.load(Ordering::SeqCst) > 0 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         sweeper.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_are_logged_and_the_next_tick_tries_again() {
+        let store = Arc::new(Backlog {
+            fail_first: true,
+            ..ten_expired()
+        });
+        sweep_every_second_until_none_is_left(&store, 0).await;
         // One failed call, then ten batches of one and a final empty batch.
         assert_eq!(store.calls.load(Ordering::SeqCst), 12);
     }
@@ -265,16 +277,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_sweep_that_hangs_is_abandoned_and_the_next_tick_sweeps() {
         let store = Arc::new(Backlog {
-            backlog: AtomicU64::new(10),
             hang_first: true,
-            ..Backlog::default()
+            ..ten_expired()
         });
-        let sweeper = Sweeper::spawn(store.clone(), Duration::from_secs(1), 100);
         let started = tokio::time::Instant::now();
-        while store.backlog.load(Ordering::SeqCst) > 0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        sweeper.stop().await;
+        sweep_every_second_until_none_is_left(&store, 100).await;
         assert!(
             started.elapsed() >= SWEEP_CALL_LIMIT,
             "{:?}",

@@ -36,9 +36,11 @@ pub const MESSAGES: [(Option<&str>, &str); 3] = [
 
 /// One delivery as a broker integration handled it (the same type behind both brokers).
 #[cfg(feature = "nats")]
-pub use tower_idempotency_consumer::nats::{Handled, Settlement, REQUEUE_PAUSE};
+pub use tower_idempotency_consumer::nats::{Handled, Settlement};
 #[cfg(all(feature = "rabbitmq", not(feature = "nats")))]
-pub use tower_idempotency_consumer::rabbitmq::{Handled, Settlement, REQUEUE_PAUSE};
+pub use tower_idempotency_consumer::rabbitmq::{Handled, Settlement};
+#[cfg(any(feature = "nats", feature = "rabbitmq"))]
+pub use tower_idempotency_consumer::REQUEUE_PAUSE;
 
 /// A requeued event comes back no sooner than [`REQUEUE_PAUSE`] after it was received (less
 /// 100 ms for the clocks): redeliveries do not spin through a queue's delivery limit.
