@@ -55,12 +55,14 @@ impl<DB: Database> BatchConnection<DB> {
     /// drop closes the connection, which ends the transaction. A batch dropped part way (its
     /// timeout) would otherwise hand the connection back to the pool inside it, where on SQLite
     /// it holds the file's write lock from every other writer.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(in crate::store) fn transaction_begun(&mut self) {
         self.in_transaction = true;
     }
 
     /// The transaction of [`transaction_begun`](Self::transaction_begun) committed or rolled
     /// back: the connection may go back to the pool again.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(in crate::store) fn transaction_ended(&mut self) {
         self.in_transaction = false;
     }
