@@ -144,8 +144,13 @@ fn delivery(scheme: Scheme, body: &[u8], headers: &[(&'static str, String)]) -> 
 /// The event, signed now under `scheme`; its delivery id is derived from the event id, so a
 /// redelivery carries the same one.
 fn signed(scheme: Scheme, event: &Event) -> Request<Body> {
+    signed_as(scheme, event, &format!("msg_{}", event.id))
+}
+
+/// The event, signed now under `scheme` with this delivery id (Standard Webhooks' `webhook-id`).
+fn signed_as(scheme: Scheme, event: &Event, delivery_id: &str) -> Request<Body> {
     let body = serde_json::to_vec(event).expect("serialize");
-    let signing = Signing::now(scheme, &format!("msg_{}", event.id));
+    let signing = Signing::now(scheme, delivery_id);
     delivery(scheme, &body, &signing.headers(&body))
 }
 
@@ -456,13 +461,8 @@ async fn the_standard_dedupe_key_is_the_delivery_id() {
 async fn a_standard_delivery_id_equal_to_a_stripe_event_id_is_another_event() {
     let (app, _pool) = receiver(config()).await;
     let standard_capture = event("evt_a", "payment.captured", "pay_standard", 1000);
-    let body = serde_json::to_vec(&standard_capture).expect("serialize");
-    let signing = Signing::now(Scheme::Standard, "evt_1");
-    let (_, _, ack) = send(
-        &app,
-        delivery(Scheme::Standard, &body, &signing.headers(&body)),
-    )
-    .await;
+    let standard = signed_as(Scheme::Standard, &standard_capture, "evt_1");
+    let (_, _, ack) = send(&app, standard).await;
     assert_eq!(ack["status"], "applied");
     let stripe_capture = event("evt_1", "payment.captured", "pay_stripe", 2500);
     let (_, _, ack) = send(&app, signed(Scheme::Stripe, &stripe_capture)).await;
