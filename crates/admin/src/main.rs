@@ -21,9 +21,11 @@
 //! Where that value is a credential, pass it as `IDEMPOTENCY_SCOPE` instead, out of the shell
 //! history and the process list.
 //! `--hash` names a record by its key hash instead, as `stats` and the layer's logs show it.
-//! `inspect` and `forget` exit with 2 when there is no such record. `forget` of a record still
+//! `inspect` and `forget` exit with 2 when there is no such record, and every command with 1 on
+//! an error and with 64 on a command line that does not parse. `forget` of a record still
 //! running (its lease not lapsed) warns on stderr: if its handler is still at work, a retry now
-//! runs it again.
+//! runs it again; `forget` of a record that cannot be read (written by another version, or
+//! damaged) warns and deletes it.
 //!
 //! # Backends
 //!
@@ -120,12 +122,12 @@ struct Record {
     #[arg(required_unless_present = "hash")]
     key: Option<String>,
     /// The scope: with the default scope, the caller's Authorization header value. Where it is
-    /// a credential, set IDEMPOTENCY_SCOPE instead, out of the shell history and `ps`.
+    /// a credential, set IDEMPOTENCY_SCOPE instead, out of the shell history and `ps`. Not used
+    /// with --hash, which names the record whatever its scope.
     #[arg(
         long,
         env = "IDEMPOTENCY_SCOPE",
         default_value = "",
-        conflicts_with = "hash",
         hide_env_values = true
     )]
     scope: String,
@@ -204,9 +206,25 @@ impl Backend {
     }
 }
 
+/// The exit status of a command line that does not parse (sysexits' `EX_USAGE`).
+const USAGE: u8 = 64;
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Exit 2 means "no such record" here, so a command line that does not parse exits
+        // with 64 (EX_USAGE) instead of clap's 2; --help and --version still exit 0.
+        Err(err) => {
+            let usage = err.use_stderr();
+            let _ = err.print();
+            return if usage {
+                ExitCode::from(USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     match run(cli).await {
         Ok(code) => code,
         Err(message) => {
@@ -313,11 +331,20 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         }
         Command::Forget { record } => {
             let hash = record.key_hash()?;
-            let before = store.get(&hash).await.map_err(|e| chain(&e))?;
-            if let Some(lease) = before.and_then(|record| record.lease_remaining) {
-                if !lease.is_zero() {
-                    eprintln!("warning: the record was running, {} left on its lease: if its handler is still at work, a retry now runs it again", human(lease));
+            // The read is for the warning only: a record it cannot decode is the one that most
+            // needs forgetting.
+            match store.get(&hash).await {
+                Ok(before) => {
+                    if let Some(lease) = before.and_then(|record| record.lease_remaining) {
+                        if !lease.is_zero() {
+                            eprintln!("warning: the record was running, {} left on its lease: if its handler is still at work, a retry now runs it again", human(lease));
+                        }
+                    }
                 }
+                Err(err) => eprintln!(
+                    "warning: the record could not be read ({}): forgetting it anyway",
+                    chain(&err)
+                ),
             }
             if store.forget(&hash).await.map_err(|e| chain(&e))? {
                 println!("forgotten: {hash}");

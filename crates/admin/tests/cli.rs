@@ -231,6 +231,38 @@ async fn sqlite_migrate_check_inspect_stats_forget_sweep() {
     the_verbs_on_saved_keys(&url, &store, &[]).await;
 }
 
+/// A record this version cannot decode pins its key: `forget` warns and deletes it anyway. And
+/// `--hash` names a record whatever `IDEMPOTENCY_SCOPE` the operator's shell exports.
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_forget_deletes_a_record_it_cannot_read_whatever_the_exported_scope() {
+    let file = fresh_sqlite_path("admin-unreadable");
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let pool = tower_idempotency::store::sqlite::sqlx::SqlitePool::connect(&url)
+        .await
+        .unwrap();
+    let store = SqliteStore::new(pool.clone());
+    store.migrate().await.unwrap();
+    save_one(&store).await;
+    tower_idempotency::store::sqlite::sqlx::query("UPDATE idempotency_records SET headers = x'ff'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let hex = key_of("k").to_hex();
+    let inspect = admin(&url, &["inspect", "--hash", &hex]).await;
+    assert_eq!(inspect.status.code(), Some(1), "{inspect:?}");
+
+    let forget = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-idempotency-admin"))
+        .args(["--url", &url, "forget", "--hash", &hex])
+        .env("IDEMPOTENCY_SCOPE", "Bearer somebody")
+        .output()
+        .await
+        .expect("run the admin tool");
+    assert!(forget.status.success(), "{forget:?}");
+    assert!(stderr(&forget).contains("could not be read"), "{forget:?}");
+    let gone = admin(&url, &["inspect", "--hash", &hex]).await;
+    assert_eq!(gone.status.code(), Some(2), "{gone:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sqlite_on_another_table_with_the_table_flag() {
     let file = fresh_sqlite_path("admin");
@@ -252,7 +284,8 @@ async fn sqlite_on_another_table_with_the_table_flag() {
         "{unmigrated:?}"
     );
     let refused = admin(&url, &["--table", "ops; DROP TABLE x", "check"]).await;
-    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    // A command line that does not parse exits 64, not the 2 of "no such record".
+    assert_eq!(refused.status.code(), Some(64), "{refused:?}");
     assert!(
         stderr(&refused).contains("invalid table name"),
         "{refused:?}"

@@ -120,7 +120,7 @@ pub async fn process_message<C: Consumer, T: Send, E: fmt::Display + Send>(
 /// Run `work` for the event `event_id` (carried by `message`) through `consumer`, then settle
 /// the message: acked once the outcome is settled (processed now or before, or parked),
 /// requeued otherwise, refused for good without an event id (`None` or empty, with
-/// [`Error::MissingEventId`]). The payload is kept with a failed event, for
+/// [`Error::MissingEventId`]) or with one no store can record ([`Error::InvalidEventId`]). The payload is kept with a failed event, for
 /// [replaying](crate::sql::SqlConsumer::replay) it.
 pub async fn process_message_as<C, T, E, M, F>(
     consumer: &C,
@@ -136,6 +136,15 @@ where
     F: Work<C::Context, T, E>,
 {
     let (event_id, result, settlement) = match event_id.filter(|id| !id.is_empty()) {
+        Some(event_id) if crate::error::check_event_id::<E>(event_id).is_err() => {
+            let consumer = consumer.name();
+            tracing::warn!(target: "tower_idempotency_consumer", consumer, bytes = event_id.len(), "the delivery's event id cannot be recorded (over {} bytes, or a NUL character): rejected", crate::MAX_EVENT_ID_LEN);
+            (
+                String::new(),
+                Err(Error::InvalidEventId),
+                Settlement::Rejected,
+            )
+        }
         Some(event_id) => {
             let result = consumer
                 .process_once_with_payload(event_id, Some(message.payload()), work)

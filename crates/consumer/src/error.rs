@@ -20,6 +20,14 @@ pub enum Error<E> {
     /// it cannot be deduplicated, so the work did not run. Redelivering it would not help.
     #[error("the delivery carries no event id, so it cannot be deduplicated")]
     MissingEventId,
+    /// The event id cannot be recorded: longer than [`MAX_EVENT_ID_LEN`](crate::MAX_EVENT_ID_LEN)
+    /// bytes, or holding a NUL character (which PostgreSQL's text refuses). The work did not
+    /// run, and no redelivery of the same id would mend it.
+    #[error(
+        "the event id cannot be recorded: at most {} bytes and no NUL character",
+        crate::MAX_EVENT_ID_LEN
+    )]
+    InvalidEventId,
     /// The database failed: beginning, the dedupe insert, the commit or a rollback.
     ///
     /// If the commit itself failed on a lost connection the outcome is unknown; the next
@@ -43,10 +51,13 @@ pub enum Error<E> {
 
 impl<E> Error<E> {
     /// Whether the delivery should be redelivered (nacked): every error but
-    /// [`Parked`](Error::Parked), which is settled, and [`MissingEventId`](Error::MissingEventId),
-    /// which no redelivery mends.
+    /// [`Parked`](Error::Parked), which is settled, and [`MissingEventId`](Error::MissingEventId)
+    /// and [`InvalidEventId`](Error::InvalidEventId), which no redelivery mends.
     pub fn should_redeliver(&self) -> bool {
-        !matches!(self, Error::Parked(_) | Error::MissingEventId)
+        !matches!(
+            self,
+            Error::Parked(_) | Error::MissingEventId | Error::InvalidEventId
+        )
     }
 }
 
@@ -62,4 +73,13 @@ impl<E> From<redis::RedisError> for Error<E> {
     fn from(err: redis::RedisError) -> Self {
         Error::Redis(err)
     }
+}
+
+/// Refuse an event id no store can record, before any store is asked: a database error on it
+/// would not be counted as a failed attempt, so its delivery would come back for ever.
+pub(crate) fn check_event_id<E>(event_id: &str) -> Result<(), Error<E>> {
+    if event_id.len() > crate::MAX_EVENT_ID_LEN || event_id.contains('\0') {
+        return Err(Error::InvalidEventId);
+    }
+    Ok(())
 }

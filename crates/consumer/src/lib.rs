@@ -106,6 +106,12 @@ pub use sqlx;
 pub const DEFAULT_MAX_ATTEMPTS: std::num::NonZeroU32 =
     std::num::NonZeroU32::new(5).expect("5 is not zero");
 
+/// The longest event id a consumer records, in bytes; a longer one (or one with a NUL
+/// character) is refused with [`Error::InvalidEventId`] before any store is asked, and a broker
+/// delivery carrying it is rejected, not requeued. Ids of brokers and webhook senders are far
+/// shorter; PostgreSQL's index could not take one much longer.
+pub const MAX_EVENT_ID_LEN: usize = 1024;
+
 /// The PostgreSQL consumer (feature `postgres`): see [`sql::postgres`].
 #[cfg(feature = "postgres")]
 pub type PgConsumer = sql::SqlConsumer<sqlx::Postgres>;

@@ -132,8 +132,22 @@ async fn failures_are_counted_then_the_event_is_parked_and_replayed() {
             "attempt {attempt}: {failed:?}"
         );
     }
-    let last = deliver(&consumer, "evt_1", LEASE, refuse).await;
+    assert_eq!(consumer.parked("evt_1").await.expect("read"), None);
+    let last = consumer
+        .process_once_with_payload("evt_1", Some(b"{\"to\":\"a@b\"}"), move |_| {
+            Box::pin(refuse())
+        })
+        .await;
     assert!(matches!(last, Err(Error::Parked(_))), "{last:?}");
+    // The payload is kept with the parked event: acknowledged at the broker, it is not lost.
+    let kept = consumer
+        .parked("evt_1")
+        .await
+        .expect("read")
+        .expect("parked");
+    assert_eq!(kept.attempts, 3);
+    assert_eq!(kept.payload.as_deref(), Some(&b"{\"to\":\"a@b\"}"[..]));
+    assert_eq!(kept.last_error.as_deref(), Some("the mail server said no"));
     let parked = deliver(&consumer, "evt_1", LEASE, move || send(runs)).await;
     assert_eq!(parked.expect("parked"), Outcome::Parked { attempts: 3 });
     assert_eq!(

@@ -14,6 +14,11 @@
 //!   (object keys sorted at every depth, no insignificant whitespace), so `{"a":1,"b":2}` and
 //!   `{ "b":2, "a":1 }` are the same request. So is a body without `Content-Type` that parses as
 //!   JSON, since handlers commonly read those as JSON too.
+//! - A JSON body holding a number that a 64-bit float cannot tell from its neighbours (more
+//!   than 15 significant digits, an integer beyond the 64-bit ones, an exponent of 100 or more)
+//!   is hashed as its raw bytes instead: canonicalised, `{"amount":1.000000000000000001}` and
+//!   `{"amount":1}` would be the same request, and a handler that reads decimals exactly would
+//!   see two. Two such bodies are the same request only byte for byte.
 //! - Any other body is hashed as its raw bytes.
 
 use std::fmt;
@@ -122,7 +127,9 @@ impl FingerprintFn for DefaultFingerprint {
             Some(essence) => is_json(essence.as_bytes()),
             None => true,
         };
-        let canonical = json_like.then(|| canonical_bytes(body)).flatten();
+        let canonical = (json_like && !has_inexact_number(body))
+            .then(|| canonical_bytes(body))
+            .flatten();
         let body: &[u8] = canonical.as_deref().unwrap_or(body);
         // A request without Content-Type and one with an empty value are hashed apart: the
         // byte 0 cannot start a media type.
@@ -221,6 +228,78 @@ fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
 fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
     // Serialising a scalar into a Vec cannot fail.
     serde_json::to_writer(&mut *out, value).expect("a JSON scalar always serialises");
+}
+
+/// Whether the JSON text `body` holds a number that parses to a float standing for more than
+/// one literal: more than 15 significant digits (what a 64-bit float holds exactly), an integer
+/// past `i64`/`u64` (parsed as a float), or an exponent of 100 or more (near the float's
+/// limits). Numbers inside strings do not count; text that is not JSON may answer either way,
+/// since it is hashed raw anyway.
+fn has_inexact_number(body: &[u8]) -> bool {
+    let mut at = 0;
+    let mut in_string = false;
+    while let Some(&byte) = body.get(at) {
+        match (in_string, byte) {
+            (true, b'\\') => at += 1,
+            (true, b'"') => in_string = false,
+            (false, b'"') => in_string = true,
+            (false, b'-' | b'0'..=b'9') => {
+                let (inexact, end) = number_at(body, at);
+                if inexact {
+                    return true;
+                }
+                at = end;
+                continue;
+            }
+            _ => {}
+        }
+        at += 1;
+    }
+    false
+}
+
+/// The number literal starting at `start`: whether a float cannot hold it exactly, and where it
+/// ends.
+fn number_at(body: &[u8], start: usize) -> (bool, usize) {
+    let mut at = start;
+    let negative = body.get(at) == Some(&b'-');
+    at += usize::from(negative);
+    let digits = |at: &mut usize| {
+        let from = *at;
+        while body.get(*at).is_some_and(u8::is_ascii_digit) {
+            *at += 1;
+        }
+        &body[from..*at]
+    };
+    let whole = digits(&mut at);
+    let mut fraction: &[u8] = &[];
+    if body.get(at) == Some(&b'.') {
+        at += 1;
+        fraction = digits(&mut at);
+    }
+    let mut exponent = None;
+    if matches!(body.get(at), Some(b'e' | b'E')) {
+        at += 1;
+        at += usize::from(matches!(body.get(at), Some(b'+' | b'-')));
+        exponent = Some(digits(&mut at));
+    }
+    if fraction.is_empty() && exponent.is_none() {
+        // serde_json reads an integer as u64 or i64 when it fits, else as a float.
+        let limit: &[u8] = if negative {
+            b"9223372036854775808"
+        } else {
+            b"18446744073709551615"
+        };
+        let fits = whole.len() < limit.len() || (whole.len() == limit.len() && whole <= limit);
+        return (!fits, at);
+    }
+    let mantissa: Vec<u8> = whole.iter().chain(fraction).copied().collect();
+    let significant = mantissa.iter().position(|&d| d != b'0').map_or(0, |first| {
+        let last = mantissa.iter().rposition(|&d| d != b'0').unwrap_or(first);
+        last + 1 - first
+    });
+    let exponent_digits = exponent.map_or(0, |e| e.iter().skip_while(|&&d| d == b'0').count());
+    (significant > 15 || exponent_digits > 2, at)
 }
 
 /// The canonical form of a JSON document, or `None` when `body` is not JSON: the bytes
@@ -619,6 +698,58 @@ mod tests {
                 }),
             ]
         })
+    }
+
+    #[test]
+    fn numbers_a_float_cannot_hold_exactly_are_compared_byte_for_byte() {
+        let json = |body| fp("POST", "/p", Some("application/json"), body);
+        for (a, b) in [
+            (
+                r#"{"a":18446744073709551616}"#,
+                r#"{"a":18446744073709551617}"#,
+            ),
+            (
+                r#"{"a":-9999999999999999999}"#,
+                r#"{"a":-9999999999999999998}"#,
+            ),
+            (r#"{"x":0.1}"#, r#"{"x":0.10000000000000000001}"#),
+            (r#"{"x":1}"#, r#"{"x":1.000000000000000001}"#),
+            (r#"{"x":1e400}"#, r#"{"x":1e401}"#),
+            (r#"[1e-400]"#, r#"[2e-400]"#),
+        ] {
+            assert_ne!(json(a), json(b), "{a} and {b}");
+        }
+        // Such a body is hashed raw: only the same bytes are the same request.
+        assert_ne!(
+            json(r#"{"a":1.0000000000000001,"b":1}"#),
+            json(r#"{"b":1,"a":1.0000000000000001}"#)
+        );
+        // Every other number is still canonicalised, and digits in strings are text.
+        for (a, b) in [
+            (r#"{"a":0.1,"b":-12.5e3}"#, r#"{ "b": -12.5e3, "a": 0.1 }"#),
+            (
+                r#"{"a":18446744073709551615}"#,
+                r#"{ "a": 18446744073709551615 }"#,
+            ),
+            (
+                r#"{"a":-922337203685477580}"#,
+                r#"{ "a": -922337203685477580 }"#,
+            ),
+            (
+                r#"{"a":1.5,"s":"123456789012345678901"}"#,
+                r#"{"s":"123456789012345678901","a":1.5}"#,
+            ),
+            (
+                r#"{"a":"\"","n":12345678901234.6}"#,
+                r#"{"n":12345678901234.6,"a":"\""}"#,
+            ),
+            (
+                r#"{"a":1000000000000000000000.0}"#,
+                r#"{ "a":1000000000000000000000.0}"#,
+            ),
+        ] {
+            assert_eq!(json(a), json(b), "{a} and {b}");
+        }
     }
 
     #[test]

@@ -74,7 +74,12 @@ pub async fn run(
         let ledger = ledger.clone();
         in_hand.spawn(async move {
             let body = message.payload.to_vec();
-            let event_id = event_id(&body);
+            // The body's `id`, else the `Nats-Msg-Id` the producer set: a body that is not an
+            // event still has an id to count its failures by, and is parked, not dropped.
+            let event_id = event_id(&body).or_else(|| {
+                let headers = message.headers.as_ref()?;
+                Some(headers.get("Nats-Msg-Id")?.as_str().to_owned())
+            });
             let handled =
                 nats::process_message_as(&ledger, &message, event_id.as_deref(), move |tx| {
                     Box::pin(async move { apply(tx, &body).await })

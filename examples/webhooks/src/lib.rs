@@ -83,6 +83,11 @@ pub const CONSUMER: &str = "payments-webhook";
 /// happens to equal a Stripe event's id must not make that event a duplicate).
 pub const STRIPE_CONSUMER: &str = "payments-webhook-stripe";
 
+/// A Stripe endpoint secret that is empty or blank.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the Stripe endpoint secret is empty: copy it from the endpoint's page in the Stripe dashboard (whsec_...)")]
+pub struct EmptyStripeSecret;
+
 /// What the receiver needs besides the database: the secrets and the clock tolerance.
 #[derive(Clone)]
 pub struct Config {
@@ -120,9 +125,25 @@ impl Config {
 
     /// Also receive Stripe-signed deliveries on `POST /webhooks/stripe`, verified with the
     /// endpoint's `secret` (`whsec_...`, used as Stripe's libraries use it).
-    pub fn with_stripe_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.stripe = Some(secret.as_ref().into());
-        self
+    ///
+    /// An empty secret (or one of blanks only) is refused: anyone can sign with it, so it would
+    /// open the route to forged events.
+    ///
+    /// ```
+    /// let config = webhooks_example::Config::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+    /// assert!(config.clone().with_stripe_secret("whsec_stripe").is_ok());
+    /// assert!(config.with_stripe_secret("").is_err());
+    /// ```
+    pub fn with_stripe_secret(
+        mut self,
+        secret: impl AsRef<[u8]>,
+    ) -> Result<Self, EmptyStripeSecret> {
+        let secret = secret.as_ref();
+        if secret.iter().all(u8::is_ascii_whitespace) {
+            return Err(EmptyStripeSecret);
+        }
+        self.stripe = Some(secret.into());
+        Ok(self)
     }
 
     /// Accept signatures whose timestamp is at most `tolerance` away from now.

@@ -55,7 +55,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let mut config = Config::new(&secret).map_err(|err| format!("WEBHOOK_SECRET: {err}"))?;
     if let Ok(stripe) = std::env::var("STRIPE_WEBHOOK_SECRET") {
-        config = config.with_stripe_secret(stripe);
+        config = config
+            .with_stripe_secret(stripe)
+            .map_err(|err| format!("STRIPE_WEBHOOK_SECRET: {err}"))?;
     }
     if let Ok(seconds) = std::env::var("WEBHOOK_TOLERANCE_SECS") {
         let seconds: u64 = seconds.parse().map_err(|_| {

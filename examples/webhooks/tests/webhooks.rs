@@ -34,6 +34,7 @@ fn config() -> Config {
     Config::new(SECRET)
         .expect("a valid secret")
         .with_stripe_secret(STRIPE_SECRET)
+        .expect("a Stripe secret")
 }
 
 fn standard_secret() -> standard::Secret {
@@ -535,4 +536,16 @@ async fn without_a_stripe_secret_there_is_no_stripe_route() {
     let capture = event("evt_1", "payment.captured", "pay_1", 4000);
     let (status, _, _) = send(&app, signed(Scheme::Stripe, &capture)).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// An empty Stripe secret would let anyone sign: it is refused, so no route opens with it.
+#[test]
+fn an_empty_stripe_secret_is_refused() {
+    for blank in ["", " ", "\n\t"] {
+        let config = Config::new(SECRET).expect("a valid secret");
+        assert!(
+            config.with_stripe_secret(blank).is_err(),
+            "{blank:?} was taken as a Stripe secret"
+        );
+    }
 }

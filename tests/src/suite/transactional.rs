@@ -3,6 +3,7 @@
 //! Store-specific: instantiated per SQL store by [`transactional_tests!`](crate::transactional_tests).
 
 use super::*;
+use tower_idempotency::Transactional;
 
 /// Instantiate every transactional behaviour in the calling module against a fresh SQL store made
 /// by `$store` (an expression, evaluated inside the test); `deferred` adds the behaviours of a
@@ -36,6 +37,7 @@ macro_rules! transactional_tests {
             transactional_panic_rolls_back_and_releases,
             transactional_large_answer_commits_with_its_row,
             transactional_connections_stay_usable_after_each_ending,
+            transactional_keyless_requests_get_their_transaction,
         }
     };
     (@expand [names]; $($name:ident),+ $(,)?) => {
@@ -175,10 +177,10 @@ fn tx_routes<DB: Widgets>(state: AppRef, pool: sqlx::Pool<DB>) -> Router {
         State((state, pool)): State<(AppRef, sqlx::Pool<DB>)>,
         tx: IdempotencyTransaction<DB>,
         Path(what): Path<String>,
-        key: IdempotencyKey,
+        key: Option<IdempotencyKey>,
         body: Bytes,
     ) -> Response {
-        let n = state.execute(Some(&key));
+        let n = state.execute(key.as_ref());
         if what == "none" {
             return answer(StatusCode::CREATED, n, &body);
         }
@@ -192,7 +194,8 @@ fn tx_routes<DB: Widgets>(state: AppRef, pool: sqlx::Pool<DB>) -> Router {
                 }
             }
         }
-        if let Err(err) = DB::insert(&tx, key.as_str()).await {
+        let note = key.as_ref().map_or("without a key", IdempotencyKey::as_str);
+        if let Err(err) = DB::insert(&tx, note).await {
             return (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response();
         }
         if what == "panic" && n == 1 {
@@ -215,12 +218,48 @@ where
     St: TransactionalStore,
     St::Database: Widgets,
 {
-    let pool = store.pool().clone();
+    serve_layer(Idempotency::new(store).transactional()).await
+}
+
+async fn serve_layer<St>(
+    layer: Idempotency<St, Transactional>,
+) -> (TestServer, sqlx::Pool<St::Database>)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let pool = layer.store().pool().clone();
     <St::Database as Widgets>::create_table(&pool).await;
     let state = AppRef::default();
-    let router = tx_routes::<St::Database>(state.clone(), pool.clone())
-        .layer(Idempotency::new(store).transactional());
+    let router = tx_routes::<St::Database>(state.clone(), pool.clone()).layer(layer);
     (serve_router(router, state).await, pool)
+}
+
+/// Transactional mode on an optional layer: a request without a key runs unguarded, and its
+/// handler still gets its transaction, ended as a claimed run's would be: committed with its
+/// 201, rolled back with its 503. Nothing is saved, so each request runs.
+pub async fn transactional_keyless_requests_get_their_transaction<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_layer(Idempotency::new(store).transactional().optional()).await;
+    send(server.post("/tx/flaky", ORDER))
+        .await
+        .assert_executed(StatusCode::SERVICE_UNAVAILABLE, 1);
+    assert_eq!(
+        <St::Database as Widgets>::count(&pool).await,
+        0,
+        "the 503's row was committed"
+    );
+    send(server.post("/tx/write", ORDER))
+        .await
+        .assert_executed(StatusCode::CREATED, 2);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    send(server.post("/tx/write", ORDER))
+        .await
+        .assert_executed(StatusCode::CREATED, 3);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 2);
 }
 
 /// Transactional mode: the handler's row and the saved answer commit together; the retry

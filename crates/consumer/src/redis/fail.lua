@@ -1,5 +1,6 @@
 -- KEYS[1] the event's key, KEYS[2] its failures hash; ARGV[1] the holder's token, ARGV[2] the
--- maximum attempts, ARGV[3] the retention in milliseconds, ARGV[4] the error's text.
+-- maximum attempts, ARGV[3] the retention in milliseconds, ARGV[4] the error's text, ARGV[5] the
+-- event's payload (empty when none was given), kept with a parked event.
 -- Counts a failed attempt of the token's claim: at the maximum the event is parked (kept for the
 -- retention, deliveries report it parked), else the claim is released for a redelivery.
 -- {'lost', 0} if the token no longer holds the claim.
@@ -9,6 +10,7 @@ redis.call('HSET', KEYS[2], 'last_error', ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 if attempts >= tonumber(ARGV[2]) then
   redis.call('SET', KEYS[1], 'parked', 'PX', ARGV[3])
+  if ARGV[5] ~= '' then redis.call('HSET', KEYS[2], 'payload', ARGV[5]) end
   return {'parked', attempts}
 end
 redis.call('DEL', KEYS[1])

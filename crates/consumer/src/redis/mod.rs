@@ -144,8 +144,9 @@ where
 
     /// Park an event after `max_attempts` failures of its work instead of
     /// [`DEFAULT_MAX_ATTEMPTS`]: deliveries then report [`Outcome::Parked`] without running it,
-    /// for the retention, until [`replay`](Self::replay). (Parked events are found by id; Redis
-    /// keeps no list of them.)
+    /// for the retention, until [`replay`](Self::replay). (Parked events are found by id, with
+    /// [`parked`](Self::parked), and each is logged as a warning when parked; Redis keeps no
+    /// list of them.)
     pub fn with_max_attempts(mut self, max_attempts: std::num::NonZeroU32) -> Self {
         self.max_attempts = max_attempts;
         self
@@ -166,6 +167,31 @@ where
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(replayed == 1)
+    }
+
+    /// The parked event `event_id`, with its failed attempts, its last error and the payload
+    /// its last delivery carried ([`Consumer::process_once_with_payload`]); `None` if it is not
+    /// parked.
+    pub async fn parked(&self, event_id: &str) -> redis::RedisResult<Option<ParkedEvent>> {
+        let (state, (attempts, last_error, payload)): (
+            Option<String>,
+            (Option<u32>, Option<String>, Option<Vec<u8>>),
+        ) = redis::pipe()
+            .atomic()
+            .get(self.key(event_id))
+            .cmd("HMGET")
+            .arg(self.failures_key(event_id))
+            .arg("attempts")
+            .arg("last_error")
+            .arg("payload")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok((state.as_deref() == Some("parked")).then(|| ParkedEvent {
+            event_id: event_id.to_owned(),
+            attempts: attempts.unwrap_or_default(),
+            last_error,
+            payload,
+        }))
     }
 
     /// Hold a claim for `lease` (renewed every third of it while the work runs) instead of
@@ -236,18 +262,21 @@ where
     async fn run_once<T, E, Fut>(
         &self,
         event_id: &str,
+        payload: Option<&[u8]>,
         work: impl FnOnce() -> Fut,
     ) -> Result<Outcome<T>, Error<E>>
     where
         E: fmt::Display,
         Fut: Future<Output = Result<T, E>>,
     {
+        crate::error::check_event_id(event_id)?;
         let held = Held {
             key: self.key(event_id),
             failures: self.failures_key(event_id),
             token: uuid::Uuid::new_v4().to_string(),
             lease_ms: millis(self.lease).max(1),
             event_id,
+            payload,
         };
         let mut conn = self.conn.clone();
 
@@ -364,10 +393,14 @@ where
             .arg(self.max_attempts.get())
             .arg(millis(self.retention).max(1))
             .arg(err.to_string())
+            .arg(held.payload.unwrap_or_default())
             .invoke_async(conn)
             .await;
         match failed {
-            Ok((status, _)) if status == "parked" => Error::Parked(err),
+            Ok((status, attempts)) if status == "parked" => {
+                tracing::warn!(target: "tower_idempotency_consumer", consumer = &*self.consumer, event_id = held.event_id, attempts, error = %err, "the event is parked: its deliveries are acknowledged and skipped until it is replayed; RedisConsumer::parked shows it");
+                Error::Parked(err)
+            }
             Ok(_) => Error::Work(err),
             Err(record) => {
                 // The lease lapses by itself: the redelivery only waits longer.
@@ -392,6 +425,20 @@ where
     }
 }
 
+/// A parked event, as [`RedisConsumer::parked`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ParkedEvent {
+    /// The event's id.
+    pub event_id: String,
+    /// How many attempts failed.
+    pub attempts: u32,
+    /// The last failure's error text.
+    pub last_error: Option<String>,
+    /// The body of the delivery that failed last, if the consumer was given it.
+    pub payload: Option<Vec<u8>>,
+}
+
 /// One delivery's claim: the event's keys, the token that fences it and the lease.
 struct Held<'a> {
     key: String,
@@ -399,6 +446,8 @@ struct Held<'a> {
     token: String,
     lease_ms: u64,
     event_id: &'a str,
+    /// Kept with the event if it is parked, for [`RedisConsumer::parked`].
+    payload: Option<&'a [u8]>,
 }
 
 impl<C> Consumer for RedisConsumer<C>
@@ -415,7 +464,7 @@ where
     async fn process_once_with_payload<T, E, F>(
         &self,
         event_id: &str,
-        _payload: Option<&[u8]>,
+        payload: Option<&[u8]>,
         work: F,
     ) -> Result<Outcome<T>, Error<E>>
     where
@@ -424,6 +473,7 @@ where
         F: crate::Work<(), T, E>,
     {
         let mut context = ();
-        self.run_once(event_id, || work(&mut context)).await
+        self.run_once(event_id, payload, || work(&mut context))
+            .await
     }
 }

@@ -543,6 +543,7 @@ where
         E: fmt::Display,
         F: for<'c> FnOnce(&'c mut DB::Connection) -> BoxFuture<'c, Result<T, E>>,
     {
+        crate::error::check_event_id(event_id)?;
         let mut tx = self.begin().await?;
         match self.claim(&mut tx, event_id).await? {
             Claim::Claimed { .. } => {}

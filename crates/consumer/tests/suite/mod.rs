@@ -122,6 +122,23 @@ macro_rules! consumer_tests {
             assert_eq!(processed_rows(&pool, "evt_1").await, 1);
         }
 
+        /// An id the database cannot take would fail every delivery before its failure is
+        /// counted: it is refused without running the work or touching the table.
+        #[tokio::test(flavor = "multi_thread")]
+        async fn an_event_id_no_store_can_record_is_refused_before_the_work() {
+            let (pool, _) = $fresh().await;
+            let too_long = "e".repeat(tower_idempotency_consumer::MAX_EVENT_ID_LEN + 1);
+            for event_id in ["evt\0nul", too_long.as_str()] {
+                let refused = ledger(&pool).process_once(event_id, record("evt_1", 1)).await;
+                assert!(matches!(refused, Err(Error::InvalidEventId)), "{refused:?}");
+                assert!(!refused.unwrap_err().should_redeliver());
+            }
+            assert_eq!(effects(&pool, "evt_1").await, Vec::<i32>::new());
+            let longest = "e".repeat(tower_idempotency_consumer::MAX_EVENT_ID_LEN);
+            let taken = ledger(&pool).process_once(&longest, record("evt_1", 1)).await;
+            assert_eq!(taken.expect("the longest id"), Outcome::Processed(1));
+        }
+
         #[tokio::test(flavor = "multi_thread")]
         async fn a_failed_work_rolls_back_and_the_redelivery_runs_it_once() {
             let (pool, _) = $fresh().await;

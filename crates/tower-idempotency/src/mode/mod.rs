@@ -91,6 +91,23 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
         claimed: Option<Self::RunState>,
     ) -> Self::RunState;
 
+    /// Prepare a run without a claim (no key on an optional layer, or fail-open): what the
+    /// handler needs in the extensions, as for [`begin_run`](Self::begin_run).
+    #[doc(hidden)]
+    fn begin_unguarded(store: &Arc<St>, extensions: &mut Extensions) -> Self::RunState;
+
+    /// End a run without a claim: commit its work when `keep` (the layer would have saved its
+    /// answer), else roll it back; each within `limit`. The error of a commit that failed.
+    #[doc(hidden)]
+    fn end_unguarded(
+        run: Self::RunState,
+        keep: bool,
+        limit: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (run, keep, limit);
+        std::future::ready(Ok(()))
+    }
+
     /// Save the handler's response in the transaction of its work, checked against the token,
     /// and commit the two together; each store call is bounded by the save's `limit`. `None`
     /// when there is no work to save it with (standard mode, or a handler that never began its

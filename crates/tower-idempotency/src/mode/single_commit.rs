@@ -132,6 +132,20 @@ impl Mode<PostgresStore> for SingleCommit {
         tx
     }
 
+    /// Without a claim there is nothing to claim inside the transaction: the handler's
+    /// transaction begins when it asks, as in transactional mode.
+    fn begin_unguarded(store: &Arc<PostgresStore>, extensions: &mut Extensions) -> Self::RunState {
+        <Transactional as Mode<PostgresStore>>::begin_unguarded(store, extensions)
+    }
+
+    async fn end_unguarded(
+        run: Self::RunState,
+        keep: bool,
+        limit: Duration,
+    ) -> Result<(), StoreError> {
+        <Transactional as Mode<PostgresStore>>::end_unguarded(run, keep, limit).await
+    }
+
     async fn save_with_work(
         run: Self::RunState,
         save: Save<'_, PostgresStore>,

@@ -24,4 +24,6 @@ impl<St: Store> Mode<St> for Standard {
     type RunState = ();
 
     fn begin_run(_: &Arc<St>, _: &mut Extensions, _: Option<()>) -> Self::RunState {}
+
+    fn begin_unguarded(_: &Arc<St>, _: &mut Extensions) -> Self::RunState {}
 }

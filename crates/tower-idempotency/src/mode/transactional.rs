@@ -220,6 +220,31 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
         tx
     }
 
+    fn begin_unguarded(store: &Arc<St>, extensions: &mut Extensions) -> Self::RunState {
+        <Self as Mode<St>>::begin_run(store, extensions, None)
+    }
+
+    async fn end_unguarded(
+        run: Self::RunState,
+        keep: bool,
+        limit: Duration,
+    ) -> Result<(), StoreError> {
+        if !keep {
+            <Self as Mode<St>>::abandon(run, limit).await;
+            return Ok(());
+        }
+        let Some((tx, turn)) = run.take().await else {
+            return Ok(());
+        };
+        let queued = turn.is_some();
+        let committed = bounded("the commit", limit, async { Ok(tx.commit().await?) }).await;
+        drop(turn);
+        if queued {
+            writers::yield_to_next_writer().await;
+        }
+        committed
+    }
+
     async fn save_with_work(
         run: Self::RunState,
         save: Save<'_, St>,
@@ -322,7 +347,7 @@ mod extract {
                 .cloned()
                 .ok_or(MissingExtension {
                     what: "idempotency transaction",
-                    hint: "is the handler behind a layer built with Idempotency::transactional(), on a covered method, with a key?",
+                    hint: "is the handler behind a layer built with Idempotency::transactional(), on a method the layer covers?",
                 })
         }
     }

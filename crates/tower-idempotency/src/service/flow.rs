@@ -12,11 +12,12 @@ use http::{Request, Response};
 use tracing::Instrument;
 
 use super::{
-    bundle::{pass_through, Answer, Flow, RunState, SharedOf},
+    bundle::{Answer, Flow, RunState, SharedOf},
     claim::{claim, Claimed},
     prepare::{prepare, read_key, Prepared},
     refuse, replay,
     run::{ClaimedRun, Lease},
+    unguarded,
 };
 use crate::{
     body::{RequestBody, ResponseBody},
@@ -61,7 +62,8 @@ async fn guard<F: Flow>(
                 Outcome::NoKey,
                 &"no idempotency key: passed through unguarded",
             );
-            return pass_through(inner, Request::from_parts(parts, RequestBody::new(body))).await;
+            let req = Request::from_parts(parts, RequestBody::new(body));
+            return unguarded::run_unguarded::<F>(inner, &layer, req).await;
         }
         Err(refusal) => return Ok(refusal.answer(&layer.config, &record)),
     };
@@ -76,9 +78,10 @@ async fn guard<F: Flow>(
     match respond::<F>(&layer, prepared, token, claimed, &record) {
         Next::Answer(response) => Ok(response),
         Next::Run(run, req) => run.execute(inner, req).await,
-        Next::StoreFailed(req, err) => {
-            refuse::store_failed(inner, &layer.config, req, &err, &record).await
+        Next::StoreFailed(req, err) if layer.config.fail_open => {
+            unguarded::fail_open::<F>(inner, &layer, req, &err, &record).await
         }
+        Next::StoreFailed(_, err) => Ok(refuse::store_failed(&layer.config, &err, &record)),
     }
 }
 

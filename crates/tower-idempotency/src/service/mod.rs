@@ -41,6 +41,7 @@ mod refuse;
 mod replay;
 mod run;
 mod save;
+mod unguarded;
 // The service's unit tests run on the memory store.
 #[cfg(all(test, feature = "memory"))]
 mod tests;

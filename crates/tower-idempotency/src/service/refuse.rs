@@ -3,12 +3,10 @@
 
 use std::time::Duration;
 
-use http::{Request, Response};
-use tower_service::Service;
+use http::Response;
 
-use super::bundle::pass_through;
 use crate::{
-    body::{RequestBody, ResponseBody},
+    body::ResponseBody,
     config::Config,
     error::Rejection,
     key::KeyHash,
@@ -72,36 +70,22 @@ pub(super) fn mismatch<B>(config: &Config, record: &RequestRecord) -> Response<R
     reject(config, Rejection::KeyReused)
 }
 
-/// The store could not claim: 503 or 500 (fail closed), or with fail-open the handler without a
-/// claim.
-pub(super) async fn store_failed<S, ReqBody, ResBody>(
-    inner: S,
+/// The store could not claim, and the layer fails closed: 503 (or 500 for a store that is
+/// misconfigured or holds what it cannot read). Fail-open runs the handler instead
+/// (`unguarded.rs`).
+pub(super) fn store_failed<B>(
     config: &Config,
-    req: Request<RequestBody<ReqBody>>,
     err: &StoreError,
     record: &RequestRecord,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
-where
-    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
-{
-    if !config.fail_open {
-        let rejection = Rejection::for_store_error(err);
-        record.finish(
-            Outcome::StoreError,
-            &format_args!(
-                "store failed: {}; answering {}",
-                observe::Chain(err),
-                rejection.status().as_u16()
-            ),
-        );
-        return Ok(reject(config, rejection));
-    }
+) -> Response<ResponseBody<B>> {
+    let rejection = Rejection::for_store_error(err);
     record.finish(
-        Outcome::FailOpen,
+        Outcome::StoreError,
         &format_args!(
-            "store failed ({}); calling the handler without idempotency (fail-open)",
-            observe::Chain(err)
+            "store failed: {}; answering {}",
+            observe::Chain(err),
+            rejection.status().as_u16()
         ),
     );
-    pass_through(inner, req).await
+    reject(config, rejection)
 }

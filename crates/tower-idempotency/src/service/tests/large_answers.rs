@@ -127,11 +127,7 @@ where
     assert_eq!(retry.headers()["location"], "/exports/1");
     assert!(retry.headers().get("content-type").is_none());
     assert_eq!(body_of(retry).await, "");
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        1,
-        "the retry did not run again"
-    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the retry ran again");
 }
 
 /// A stream of server-sent events under the default saved limit (1 MiB): small events, no end
