@@ -56,6 +56,12 @@ pub fn router(store: DynStore) -> Router {
         .route("/key-hashes/{hash}", get(inspect).delete(forget))
         .route("/sweep", post(sweep))
         .route("/stats", get(stats))
+        .method_not_allowed_fallback(|| async {
+            problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this admin route does not take that method: the Allow header lists the ones it takes",
+            )
+        })
         .with_state(store)
 }
 
@@ -322,6 +328,16 @@ mod tests {
         assert_eq!(status, StatusCode::NO_CONTENT);
         let (status, _) = call(&app, "DELETE", "/keys/k-1?scope=Bearer+a%20b").await;
         assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn a_method_a_route_does_not_take_is_405_problem_json() {
+        let app = router(DynStore::new(MemoryStore::new()));
+        for (method, path) in [("GET", "/sweep"), ("PUT", "/stats"), ("POST", "/keys/k-1")] {
+            let (status, problem) = call(&app, method, path).await;
+            assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            assert_eq!(problem["status"], 405, "{method} {path}: {problem}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

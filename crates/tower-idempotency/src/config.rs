@@ -100,8 +100,12 @@ impl Config {
     }
 
     /// How often a running claim's lease is renewed: a third of the lease, so two renewals can be
-    /// lost before the lease lapses.
+    /// lost before the lease lapses, and at most half the retention: each renewal keeps the
+    /// record's expiry at or past the lease's end, so a record does not expire (and cannot be
+    /// claimed afresh) under a holder that lives past a `ttl` shorter than its run.
     pub(crate) fn heartbeat(&self) -> Duration {
-        (self.lease / 3).max(Duration::from_millis(1))
+        (self.lease / 3)
+            .min(self.ttl / 2)
+            .max(Duration::from_millis(1))
     }
 }

@@ -19,15 +19,24 @@ use crate::{config::AdminToken, problem::Problem, Db};
 pub fn admin_routes(db: &Db, token: AdminToken) -> Router {
     let guarded =
         admin::router(db.idempotency_store()).layer(middleware::from_fn_with_state(token, bearer));
-    Router::new().nest("/admin/idempotency", guarded)
+    // The app's own layers too (request id, trace, timeout): merged after them, these routes
+    // would not pass through them.
+    crate::telemetry::layers(Router::new().nest("/admin/idempotency", guarded))
 }
 
 /// Let the request through only with the admin token.
 async fn bearer(State(token): State<AdminToken>, request: Request, next: Next) -> Response {
+    // The scheme's name is case-insensitive (RFC 9110, 11.1): `bearer` is `Bearer`.
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        .and_then(|value| {
+            let value = value.as_bytes();
+            let (scheme, token) = value.split_at(value.iter().position(|&b| b == b' ')?);
+            scheme
+                .eq_ignore_ascii_case(b"bearer")
+                .then(|| token.trim_ascii_start())
+        });
     if presented.is_some_and(|p| token.matches(p)) {
         return next.run(request).await;
     }

@@ -65,14 +65,19 @@ pub struct Order {
     pub status: String,
 }
 
-/// MySQL: positional `?` placeholders, in the same order.
+/// MySQL: positional `?` placeholders, in the same order. Its `utf8mb4_bin` compares with
+/// trailing spaces ignored (a PAD SPACE collation), so `orders_of` also compares lengths: `c_1`
+/// and `c_1 ` are two customers, as on the other databases.
 const POSITIONAL: Statements = Statements {
     insert_event: None,
     insert_order:
         "INSERT INTO orders (order_id, customer_id, total_cents, status) VALUES (?, ?, ?, ?)",
     find_order: "SELECT order_id, customer_id, total_cents, status FROM orders WHERE order_id = ?",
-    orders_of: "SELECT order_id, customer_id, total_cents, status FROM orders \
-         WHERE customer_id = ? ORDER BY created_at, order_id LIMIT ?",
+    orders_of: "SELECT o.order_id, o.customer_id, o.total_cents, o.status \
+         FROM orders o JOIN (SELECT ? AS customer_id) wanted \
+         ON o.customer_id = wanted.customer_id \
+         AND CHAR_LENGTH(o.customer_id) = CHAR_LENGTH(wanted.customer_id) \
+         ORDER BY o.created_at, o.order_id LIMIT ?",
 };
 
 const PING: &str = "SELECT 1";

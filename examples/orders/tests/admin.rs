@@ -61,6 +61,29 @@ async fn the_admin_routes_answer_the_token_only_and_forget_frees_a_key() {
         assert_eq!(status, 401, "{token:?}: {problem}");
         assert_eq!(problem["title"], "Admin token required");
     }
+    // The scheme's name in any case; every answer, refused or not, carries a request id, and a
+    // method a route does not take is a 405 problem.
+    for (scheme, method, path, status) in [
+        ("bearer", reqwest::Method::GET, "/stats", 200),
+        ("BEARER", reqwest::Method::GET, "/stats", 200),
+        ("Bearer", reqwest::Method::GET, "/sweep", 405),
+        ("Basic", reqwest::Method::GET, "/stats", 401),
+    ] {
+        let answer = reqwest::Client::new()
+            .request(method, format!("{url}/admin/idempotency{path}"))
+            .header("authorization", format!("{scheme} {TOKEN}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), status, "{scheme} {path}");
+        assert!(
+            answer.headers().contains_key("x-request-id"),
+            "{scheme} {path}"
+        );
+        if status != 200 {
+            assert_eq!(answer.headers()["content-type"], "application/problem+json");
+        }
+    }
     let (status, stats) = admin(&url, reqwest::Method::GET, "/stats", Some(TOKEN)).await;
     assert_eq!(status, 200, "{stats}");
     assert_eq!(stats["done"], 1, "{stats}");

@@ -455,6 +455,20 @@ async fn orders_can_be_read_back(db: Db) {
         serde_json::from_value(json["orders"].clone()).expect("{\"orders\": [...]}");
     let expected: Vec<Order> = mine.iter().map(order_of).collect();
     assert_eq!(listed, expected);
+    // A customer id with a trailing space is another customer (MySQL's `utf8mb4_bin` would
+    // compare them equal).
+    assert_eq!(create("c_list ", 400).await.status, StatusCode::CREATED);
+    for query in ["c_list", "c_list%20"] {
+        let list = answer(client.get(format!("{base}/orders?customerId={query}"))).await;
+        let json: Value = serde_json::from_str(&list.body).expect("JSON");
+        let count = json["orders"].as_array().map_or(0, Vec::len);
+        assert_eq!(
+            count,
+            if query == "c_list" { 3 } else { 1 },
+            "{query}: {}",
+            list.body
+        );
+    }
     let none = answer(client.get(format!("{base}/orders?customerId=c_nobody"))).await;
     assert_eq!(none.status, StatusCode::OK);
     assert_eq!(none.body, r#"{"orders":[]}"#);

@@ -143,6 +143,7 @@ macro_rules! behaviour_tests {
             expiry::takeover_keeps_the_original_expiry,
             leases::lapsed_lease_is_taken_over_and_stale_holder_fenced,
             leases::slow_handler_is_not_taken_over_while_alive,
+            leases::slow_handler_is_not_taken_over_past_the_retention,
             leases::retry_after_reflects_default_lease,
             leases::retry_after_reflects_configured_lease,
             disconnect::client_disconnect_still_records_the_answer,

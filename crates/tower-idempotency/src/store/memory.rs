@@ -302,6 +302,8 @@ impl Store for MemoryStore {
                 ..
             }) if *held == hold.token && *expires_at > now => {
                 *lease_until = now + lease.min(LONGEST);
+                // A live holder's record does not expire: its expiry keeps up with the lease.
+                *expires_at = (*expires_at).max(*lease_until);
                 Fenced::Applied
             }
             _ => Fenced::Lost,

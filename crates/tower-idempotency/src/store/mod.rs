@@ -116,7 +116,9 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     fn claim(&self, claim: &Claim)
         -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
 
-    /// Extend the lease of the running record `hold` holds to `lease` from now.
+    /// Extend the lease of the running record `hold` holds to `lease` from now, and its expiry
+    /// to the lease's end if it came sooner: a record does not expire under a holder that is
+    /// still renewing (a handler that outlives the retention is not run twice).
     fn renew(
         &self,
         hold: &Hold,

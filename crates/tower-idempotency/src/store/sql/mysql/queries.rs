@@ -82,7 +82,10 @@ pub(super) fn live_many(table: &TableName, max_keys: usize) -> Vec<SqlStr> {
 /// `sql::Codec::claim`). The insert id it returns decodes as [`Code`](super::Code).
 pub(super) const CLAIM: &str = include_str!("claim.sql");
 
-/// Extend the lease of the running record held with the token.
+/// Extend the lease of the running record held with the token, and the record's expiry to the
+/// lease's end if it came sooner (a live holder's record does not expire). MySQL assigns left
+/// to right, so `expires_at` sees the new `lease_until` (MariaDB too, unless its
+/// `SIMULTANEOUS_ASSIGNMENT` mode is on: then it catches up at the next renewal).
 ///
 /// Binds 1 lease in milliseconds, 2 key, 3 token (`sql::Codec::renew_set_first`). sqlx asks
 /// for found rows (`CLIENT_FOUND_ROWS`), so a renewal that writes the same `lease_until` still
@@ -92,7 +95,8 @@ pub(super) const RENEW: &str = concat!(
 UPDATE idempotency_records
 SET lease_until = ",
     now_ms!(),
-    " + ?
+    " + ?,
+    expires_at = GREATEST(expires_at, lease_until)
 WHERE `key` = ? AND token = ? AND state = 'running'
 "
 );

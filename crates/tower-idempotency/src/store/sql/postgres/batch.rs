@@ -256,11 +256,13 @@ WHERE r.key = u.key AND r.token = u.token AND r.state = 'running'
 RETURNING r.key, r.token, r.watched
 "#;
 
-/// Extend many leases, each of the running record held with its token; one row per record
-/// renewed.
+/// Extend many leases, each of the running record held with its token, and the record's expiry
+/// to the lease's end if it came sooner (a live holder's record does not expire); one row per
+/// record renewed.
 const RENEW_MANY: &str = r#"
 UPDATE idempotency_records AS r
-SET lease_until = now() + u.lease_ms * interval '1 millisecond'
+SET lease_until = now() + u.lease_ms * interval '1 millisecond',
+    expires_at = GREATEST(r.expires_at, now() + u.lease_ms * interval '1 millisecond')
 FROM unnest($1::bytea[], $2::uuid[], $3::bigint[]) AS u(key, token, lease_ms)
 WHERE r.key = u.key AND r.token = u.token AND r.state = 'running'
 RETURNING r.key, r.token, false AS watched

@@ -68,7 +68,10 @@ RETURNING 'released' AS kind, key, token;
     r#"
 UPDATE idempotency_records AS r
 SET lease_until = CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)
-                  + (j.value ->> 'l')
+                  + (j.value ->> 'l'),
+    expires_at = max(r.expires_at,
+                     CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)
+                     + (j.value ->> 'l'))
 FROM json_each(?1, '$.n') AS j
 WHERE r.key = unhex(j.value ->> 'k') AND r.token = unhex(j.value ->> 't') AND r.state = 'running'
 RETURNING 'renewed' AS kind, key, token;
