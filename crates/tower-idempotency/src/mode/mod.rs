@@ -132,8 +132,8 @@ pub trait Mode<St: Store>: Sealed + Send + Sync + 'static {
     /// answer (its work stands, unrecorded), or the rejection to send instead (its work was
     /// rolled back with the save).
     #[doc(hidden)]
-    fn unsaved(failure: &SaveFailure<'_>, lease: Duration) -> Option<Rejection> {
-        let _ = (failure, lease);
+    fn unsaved(failure: &SaveFailure<'_>, retry_after: Duration) -> Option<Rejection> {
+        let _ = (failure, retry_after);
         None
     }
 }

@@ -157,7 +157,7 @@ impl Mode<PostgresStore> for SingleCommit {
         <Transactional as Mode<PostgresStore>>::abandon(run, limit).await;
     }
 
-    fn unsaved(failure: &SaveFailure<'_>, lease: Duration) -> Option<Rejection> {
-        <Transactional as Mode<PostgresStore>>::unsaved(failure, lease)
+    fn unsaved(failure: &SaveFailure<'_>, retry_after: Duration) -> Option<Rejection> {
+        <Transactional as Mode<PostgresStore>>::unsaved(failure, retry_after)
     }
 }

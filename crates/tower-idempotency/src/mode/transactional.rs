@@ -264,9 +264,9 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
     }
 
     /// The work was rolled back with the save: the client gets 409 (fenced out) or 503.
-    fn unsaved(failure: &SaveFailure<'_>, lease: Duration) -> Option<Rejection> {
+    fn unsaved(failure: &SaveFailure<'_>, retry_after: Duration) -> Option<Rejection> {
         Some(match failure {
-            SaveFailure::FencedOut => Rejection::LeaseLost { retry_after: lease },
+            SaveFailure::FencedOut => Rejection::LeaseLost { retry_after },
             SaveFailure::Failed(err) => Rejection::for_store_error(err),
         })
     }

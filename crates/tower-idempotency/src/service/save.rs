@@ -138,10 +138,19 @@ impl<St: Store> Lease<St> {
         // A save alone (no transaction was begun) rolled no work back: the answer is sent and
         // the key kept, as in standard mode, not released for a retry to do the work again.
         let rejection = (!saved_alone)
-            .then(|| M::unsaved(&failure, self.config.lease))
+            .then(|| M::unsaved(&failure, self.superseded_retry_after()))
             .flatten();
         self.report_unsaved(&failure, rejection.as_ref()).await;
         rejection
+    }
+
+    /// When the attempt that took the key over may have its answer, for a 409 of a run whose
+    /// work rolled back: the recent handler durations less what that attempt has run (when it
+    /// runs in this process), at least 1 s and at most a lease, as for a duplicate in flight.
+    fn superseded_retry_after(&self) -> Duration {
+        let config = &self.config;
+        let durations = &config.durations;
+        durations.retry_after(config.retry_after, &self.hold.key, "", config.lease)
     }
 
     /// One store write, tried up to [`SAVE_TRIES`] times: a save that fails leaves the work
