@@ -173,19 +173,17 @@ where
     /// its last delivery carried ([`Consumer::process_once_with_payload`]); `None` if it is not
     /// parked.
     pub async fn parked(&self, event_id: &str) -> redis::RedisResult<Option<ParkedEvent>> {
-        let (state, (attempts, last_error, payload)): (
-            Option<String>,
-            (Option<u32>, Option<String>, Option<Vec<u8>>),
-        ) = redis::pipe()
-            .atomic()
-            .get(self.key(event_id))
-            .cmd("HMGET")
-            .arg(self.failures_key(event_id))
-            .arg("attempts")
-            .arg("last_error")
-            .arg("payload")
-            .query_async(&mut self.conn.clone())
-            .await?;
+        let (state, (attempts, last_error, payload)): (Option<String>, FailuresFields) =
+            redis::pipe()
+                .atomic()
+                .get(self.key(event_id))
+                .cmd("HMGET")
+                .arg(self.failures_key(event_id))
+                .arg("attempts")
+                .arg("last_error")
+                .arg("payload")
+                .query_async(&mut self.conn.clone())
+                .await?;
         Ok((state.as_deref() == Some("parked")).then(|| ParkedEvent {
             event_id: event_id.to_owned(),
             attempts: attempts.unwrap_or_default(),
@@ -424,6 +422,9 @@ where
         }
     }
 }
+
+/// The failures hash's `attempts`, `last_error` and `payload`.
+type FailuresFields = (Option<u32>, Option<String>, Option<Vec<u8>>);
 
 /// A parked event, as [`RedisConsumer::parked`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
