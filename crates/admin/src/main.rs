@@ -137,7 +137,8 @@ struct Record {
 }
 
 impl Record {
-    /// The record's identity, as the layer computes it: `sha256(scope || key)`.
+    /// The record's identity, as the layer computes it: `sha256(scope || 0x00 || key)`, the scope itself the
+    /// SHA-256 of the caller's identity (`IdempotencyKey::scoped_hash`).
     fn key_hash(&self) -> Result<KeyHash, String> {
         if let Some(hash) = &self.hash {
             return KeyHash::from_hex(hash)

@@ -1,4 +1,4 @@
-//! Run with: `cargo run --release -p tower-idempotency-bench -- [--store all|memory,redis,postgres,sqlite] [--workers 1,8,32,128] [--seconds N] [--quick]`
+//! Run with: `cargo run --release -p tower-idempotency-bench -- [--store all|memory,redis,postgres,sqlite,mysql] [--workers 1,8,32,128] [--seconds N] [--quick]`
 //!
 //! Throughput and latency of one handler served with and without the idempotency layer.
 //!
@@ -19,8 +19,8 @@
 //! `Mutex<Vec>`); the `redis` group also has a second bare row, the same handler plus one Redis
 //! `SET`. `postgres` guards a handler that INSERTs a row through the same pool, in transactional,
 //! standard and single-commit mode; `sqlite` does the same as transactional and standard on a
-//! fresh SQLite file (WAL) in the temp dir. `DATABASE_URL` and `REDIS_URL` are read from the
-//! environment; the PostgreSQL runs use their own database, `tower_idempotency_bench`, created if
+//! fresh SQLite file (WAL) in the temp dir; `mysql` as PostgreSQL does, on MySQL or MariaDB.
+//! `DATABASE_URL`, `MYSQL_URL` and `REDIS_URL` are read from the environment; the PostgreSQL runs use their own database, `tower_idempotency_bench`, created if
 //! missing. After the timed runs of a store on a server, its messages per request are counted
 //! through a proxy ([`wire`]) at the same worker count.
 //!
@@ -36,7 +36,7 @@
 //! counts in a few minutes), `--preload N` records written into the PostgreSQL table before the
 //! runs (default 0), `--chart FILE.svg`.
 //!
-//! **Adding a store** (say MySQL) is a change to `stores.rs` only: a `StoreKind` variant, its
+//! **Adding a store** (say Valkey) is a change to `stores.rs` only: a `StoreKind` variant, its
 //! name, and a `start_*` function that serves its bare handler and the layer in each mode (with
 //! its batch statistics, and its route through the counting proxy if it has a server). Every
 //! table, the chart and `--store` pick it up.

@@ -1,4 +1,4 @@
-//! The behaviour suite: one test body per behaviour the crate docs and `docs/guarantees.md` promise, written once and run against
+//! The behaviour suite: one test body per behaviour the crate docs and `crates/tower-idempotency/docs/guarantees.md` promise, written once and run against
 //! every store by `tests/tests/behaviour.rs` (tower-sessions-stores' `route_tests!` idea), and
 //! in every mode: each body builds its layer through a [`Flavour`] (default, transactional,
 //! single-commit) and asks the mode's [`Contract`](flavour::Contract) where modes differ.

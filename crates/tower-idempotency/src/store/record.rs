@@ -100,7 +100,7 @@ impl Hold {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Claim {
-    /// `sha256(scope || key)`: the record's identity. The raw key is never stored.
+    /// `sha256(scope || 0x00 || key)` ([`IdempotencyKey::scoped_hash`](crate::IdempotencyKey::scoped_hash)): the record's identity. The raw key is never stored.
     pub key: KeyHash,
     /// The fingerprint of the request that wants the key.
     pub fingerprint: Fingerprint,
