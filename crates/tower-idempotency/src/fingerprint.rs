@@ -127,9 +127,12 @@ impl FingerprintFn for DefaultFingerprint {
             Some(essence) => is_json(essence.as_bytes()),
             None => true,
         };
-        let canonical = (json_like && !has_inexact_number(body))
-            .then(|| canonical_bytes(body))
-            .flatten();
+        // Only a body with a float (or an integer past 64 bits) is read again for its digits.
+        let canonical = json_like
+            .then(|| canonical_form(body))
+            .flatten()
+            .filter(|(_, floats)| !floats || !has_inexact_number(body))
+            .map(|(canonical, _)| canonical);
         let body: &[u8] = canonical.as_deref().unwrap_or(body);
         // A request without Content-Type and one with an empty value are hashed apart: the
         // byte 0 cannot start a media type.
@@ -302,20 +305,29 @@ fn number_at(body: &[u8], start: usize) -> (bool, usize) {
     (significant > 15 || exponent_digits > 2, at)
 }
 
+/// The canonical form alone, for the tests that hold it against [`canonical_json`].
+#[cfg(test)]
+pub(crate) fn canonical_bytes(body: &[u8]) -> Option<Vec<u8>> {
+    canonical_form(body).map(|(canonical, _)| canonical)
+}
+
 /// The canonical form of a JSON document, or `None` when `body` is not JSON: the bytes
 /// [`canonical_json`] gives for its parsed value, written while parsing, without building the
 /// value (a tree of maps and strings) first.
-pub(crate) fn canonical_bytes(body: &[u8]) -> Option<Vec<u8>> {
+/// With it, whether a number of the document was parsed as a float.
+fn canonical_form(body: &[u8]) -> Option<(Vec<u8>, bool)> {
     use serde::de::DeserializeSeed;
     let mut out = Vec::with_capacity(body.len());
+    let floats = std::cell::Cell::new(false);
     let mut parser = serde_json::Deserializer::from_slice(body);
-    Canonical(&mut out).deserialize(&mut parser).ok()?;
+    Canonical(&mut out, &floats).deserialize(&mut parser).ok()?;
     parser.end().ok()?;
-    Some(out)
+    Some((out, floats.get()))
 }
 
-/// Writes the canonical form of the value being parsed into its buffer.
-struct Canonical<'o>(&'o mut Vec<u8>);
+/// Writes the canonical form of the value being parsed into its buffer, and notes in its flag
+/// when a number came as a float.
+struct Canonical<'o>(&'o mut Vec<u8>, &'o std::cell::Cell<bool>);
 
 impl<'de> serde::de::DeserializeSeed<'de> for Canonical<'_> {
     type Value = ();
@@ -348,6 +360,7 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
     }
 
     fn visit_f64<E>(self, v: f64) -> Result<(), E> {
+        self.1.set(true);
         // As `Value` does: a float that is not finite has no JSON form but `null`.
         write_scalar(&serde_json::Number::from_f64(v), self.0);
         Ok(())
@@ -371,7 +384,10 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
             if !first {
                 self.0.push(b',');
             }
-            if seq.next_element_seed(Canonical(&mut *self.0))?.is_none() {
+            if seq
+                .next_element_seed(Canonical(&mut *self.0, self.1))?
+                .is_none()
+            {
                 self.0.truncate(mark);
                 break;
             }
@@ -410,11 +426,11 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
             write_scalar(key.as_ref(), out);
             out.push(b':');
             let value_start = out.len();
-            map.next_value_seed(Canonical(&mut *out))?;
+            map.next_value_seed(Canonical(&mut *out, self.1))?;
             sorted[count] = Some((key, value_start..out.len()));
             count += 1;
         };
-        let (members, scratch) = rest_of_object(map, sorted, count, out, start, pending)?;
+        let (members, scratch) = rest_of_object(map, sorted, count, out, start, pending, self.1)?;
         write_object(out, members, &scratch);
         Ok(())
     }
@@ -430,6 +446,7 @@ fn rest_of_object<'de, A: serde::de::MapAccess<'de>>(
     out: &mut Vec<u8>,
     start: usize,
     pending: std::borrow::Cow<'de, str>,
+    floats: &std::cell::Cell<bool>,
 ) -> Result<(Vec<Member<'de>>, Vec<u8>), A::Error> {
     // Each value is written to one scratch buffer; the members are then put in key order.
     let mut scratch = Vec::new();
@@ -450,7 +467,7 @@ fn rest_of_object<'de, A: serde::de::MapAccess<'de>>(
             },
         };
         let start = scratch.len();
-        map.next_value_seed(Canonical(&mut scratch))?;
+        map.next_value_seed(Canonical(&mut scratch, floats))?;
         members.push((key, start..scratch.len()));
     }
     Ok((members, scratch))

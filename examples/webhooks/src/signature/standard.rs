@@ -93,13 +93,14 @@ pub fn verify<'h>(
         header: SIGNATURE,
         format: SIGNATURE_FORMAT,
     };
-    let mut candidates = Vec::new();
-    for entry in signature.split(' ').filter(|entry| !entry.is_empty()) {
-        let (version, value) = entry.split_once(',').ok_or(malformed.clone())?;
-        if version == "v1" {
-            candidates.push(BASE64.decode(value).map_err(|_| malformed.clone())?);
-        }
-    }
+    // An entry this receiver cannot read (another version, bad base64) matches nothing, as in
+    // the reference libraries; the header is malformed only when no `v1` entry can be read.
+    let candidates: Vec<Vec<u8>> = signature
+        .split(' ')
+        .filter_map(|entry| entry.split_once(','))
+        .filter(|(version, _)| *version == "v1")
+        .filter_map(|(_, value)| BASE64.decode(value).ok())
+        .collect();
     if candidates.is_empty() {
         return Err(malformed);
     }
@@ -167,6 +168,9 @@ mod tests {
             SPEC_BODY,
         );
         let header = format!("{other} v1a,bm90IGEgdjEgc2lnbmF0dXJl {SPEC_SIGNATURE}");
+        assert_eq!(check(&header, SPEC_BODY, SPEC_TIMESTAMP + 10), Ok(SPEC_ID));
+        // An entry that cannot be read is no match, not a refusal of the others.
+        let header = format!("v1,not*base64 junk {SPEC_SIGNATURE}");
         assert_eq!(check(&header, SPEC_BODY, SPEC_TIMESTAMP + 10), Ok(SPEC_ID));
         assert_eq!(
             check(&other, SPEC_BODY, SPEC_TIMESTAMP),
