@@ -77,6 +77,12 @@ impl<E> From<redis::RedisError> for Error<E> {
 
 /// Refuse an event id no store can record, before any store is asked: a database error on it
 /// would not be counted as a failed attempt, so its delivery would come back for ever.
+#[cfg(any(
+    feature = "sqlx",
+    feature = "redis",
+    feature = "rabbitmq",
+    feature = "nats"
+))]
 pub(crate) fn check_event_id<E>(event_id: &str) -> Result<(), Error<E>> {
     if event_id.len() > crate::MAX_EVENT_ID_LEN || event_id.contains('\0') {
         return Err(Error::InvalidEventId);
