@@ -96,7 +96,7 @@ use futures_util::future::BoxFuture;
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 pub use delivery::REQUEUE_PAUSE;
 pub use error::Error;
-pub use outcome::Outcome;
+pub use outcome::{Outcome, ParkedEvent};
 
 #[cfg(feature = "sqlx")]
 pub use sqlx;

@@ -49,3 +49,21 @@ impl<T> Outcome<T> {
         }
     }
 }
+
+/// A parked event, as [`SqlConsumer::parked`](crate::sql::SqlConsumer::parked) lists it and
+/// `RedisConsumer::parked` reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ParkedEvent {
+    /// The event's id.
+    pub event_id: String,
+    /// How many attempts failed.
+    pub attempts: u32,
+    /// The last failure's error text.
+    pub last_error: Option<String>,
+    /// The body of the delivery that failed last, if the consumer passed it to
+    /// [`Consumer::process_once_with_payload`](crate::Consumer::process_once_with_payload).
+    pub payload: Option<Vec<u8>>,
+    /// When it was parked, in milliseconds since the Unix epoch, by the store's clock.
+    pub parked_at_ms: i64,
+}

@@ -146,6 +146,7 @@ async fn failures_are_counted_then_the_event_is_parked_and_replayed() {
         .expect("read")
         .expect("parked");
     assert_eq!(kept.attempts, 3);
+    assert!(kept.parked_at_ms > 1_700_000_000_000, "{kept:?}");
     assert_eq!(kept.payload.as_deref(), Some(&b"{\"to\":\"a@b\"}"[..]));
     assert_eq!(kept.last_error.as_deref(), Some("the mail server said no"));
     let parked = deliver(&consumer, "evt_1", LEASE, move || send(runs)).await;

@@ -11,6 +11,8 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 if attempts >= tonumber(ARGV[2]) then
   redis.call('SET', KEYS[1], 'parked', 'PX', ARGV[3])
   if ARGV[5] ~= '' then redis.call('HSET', KEYS[2], 'payload', ARGV[5]) end
+  local time = redis.call('TIME')
+  redis.call('HSET', KEYS[2], 'parked_at', time[1] * 1000 + math.floor(time[2] / 1000))
   return {'parked', attempts}
 end
 redis.call('DEL', KEYS[1])

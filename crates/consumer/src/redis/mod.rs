@@ -172,8 +172,8 @@ where
     /// The parked event `event_id`, with its failed attempts, its last error and the payload
     /// its last delivery carried ([`Consumer::process_once_with_payload`]); `None` if it is not
     /// parked.
-    pub async fn parked(&self, event_id: &str) -> redis::RedisResult<Option<ParkedEvent>> {
-        let (state, (attempts, last_error, payload)): (Option<String>, FailuresFields) =
+    pub async fn parked(&self, event_id: &str) -> redis::RedisResult<Option<crate::ParkedEvent>> {
+        let (state, (attempts, last_error, payload, parked_at)): (Option<String>, FailuresFields) =
             redis::pipe()
                 .atomic()
                 .get(self.key(event_id))
@@ -182,14 +182,18 @@ where
                 .arg("attempts")
                 .arg("last_error")
                 .arg("payload")
+                .arg("parked_at")
                 .query_async(&mut self.conn.clone())
                 .await?;
-        Ok((state.as_deref() == Some("parked")).then(|| ParkedEvent {
-            event_id: event_id.to_owned(),
-            attempts: attempts.unwrap_or_default(),
-            last_error,
-            payload,
-        }))
+        Ok(
+            (state.as_deref() == Some("parked")).then(|| crate::ParkedEvent {
+                event_id: event_id.to_owned(),
+                attempts: attempts.unwrap_or_default(),
+                last_error,
+                payload,
+                parked_at_ms: parked_at.unwrap_or_default(),
+            }),
+        )
     }
 
     /// Hold a claim for `lease` (renewed every third of it while the work runs) instead of
@@ -423,22 +427,8 @@ where
     }
 }
 
-/// The failures hash's `attempts`, `last_error` and `payload`.
-type FailuresFields = (Option<u32>, Option<String>, Option<Vec<u8>>);
-
-/// A parked event, as [`RedisConsumer::parked`] reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ParkedEvent {
-    /// The event's id.
-    pub event_id: String,
-    /// How many attempts failed.
-    pub attempts: u32,
-    /// The last failure's error text.
-    pub last_error: Option<String>,
-    /// The body of the delivery that failed last, if the consumer was given it.
-    pub payload: Option<Vec<u8>>,
-}
+/// The failures hash's `attempts`, `last_error`, `payload` and `parked_at`.
+type FailuresFields = (Option<u32>, Option<String>, Option<Vec<u8>>, Option<i64>);
 
 /// One delivery's claim: the event's keys, the token that fences it and the lease.
 struct Held<'a> {

@@ -75,6 +75,7 @@ use sqlx::{
     SqlSafeStr, Transaction, Type,
 };
 
+pub use crate::ParkedEvent;
 use crate::{Error, Outcome};
 
 /// [`SqlBackend`] and [`Consumer`](crate::Consumer) for one database, whose SQL is `$dialect`. `Consumer` is
@@ -290,23 +291,6 @@ pub enum Claim {
         /// How many attempts failed.
         attempts: u32,
     },
-}
-
-/// A parked event, as [`SqlConsumer::parked`] lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ParkedEvent {
-    /// The event's id.
-    pub event_id: String,
-    /// How many attempts failed.
-    pub attempts: u32,
-    /// The last failure's error text.
-    pub last_error: Option<String>,
-    /// The event's body, if the consumer passed it to
-    /// [`Consumer::process_once_with_payload`](crate::Consumer::process_once_with_payload).
-    pub payload: Option<Vec<u8>>,
-    /// When it was parked, in milliseconds since the Unix epoch, by the database's clock.
-    pub parked_at_ms: i64,
 }
 
 /// Runs work at most once per event id of one consumer, with the processed mark in the work's
