@@ -144,15 +144,6 @@ impl<St: Store> Lease<St> {
         rejection
     }
 
-    /// When the attempt that took the key over may have its answer, for a 409 of a run whose
-    /// work rolled back: the recent handler durations less what that attempt has run (when it
-    /// runs in this process), at least 1 s and at most a lease, as for a duplicate in flight.
-    fn superseded_retry_after(&self) -> Duration {
-        let config = &self.config;
-        let durations = &config.durations;
-        durations.retry_after(config.retry_after, &self.hold.key, "", config.lease)
-    }
-
     /// One store write, tried up to [`SAVE_TRIES`] times: a save that fails leaves the work
     /// done but unrecorded, so that a retry after the lease would run the handler again.
     async fn save_alone(&self, response: &StoredResponse) -> Result<Fenced, StoreError> {
