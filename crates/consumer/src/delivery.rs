@@ -1,6 +1,8 @@
 //! What the broker integrations report about one delivery, and how they settle it.
 
-use std::{fmt, future::Future, time::Duration};
+use std::{fmt, future::Future, panic::AssertUnwindSafe, time::Duration};
+
+use futures_util::FutureExt;
 
 use crate::{Consumer, Error, Outcome, Work};
 
@@ -120,8 +122,11 @@ pub async fn process_message<C: Consumer, T: Send, E: fmt::Display + Send>(
 /// Run `work` for the event `event_id` (carried by `message`) through `consumer`, then settle
 /// the message: acked once the outcome is settled (processed now or before, or parked),
 /// requeued otherwise, refused for good without an event id (`None` or empty, with
-/// [`Error::MissingEventId`]) or with one no store can record ([`Error::InvalidEventId`]). The payload is kept with a failed event, for
-/// [replaying](crate::sql::SqlConsumer::replay) it.
+/// [`Error::MissingEventId`]) or with one no store can record ([`Error::InvalidEventId`]). The
+/// payload is kept with a failed event, for [replaying](crate::sql::SqlConsumer::replay) it.
+///
+/// A work that panics is rolled back, its message requeued after [`REQUEUE_PAUSE`], and the
+/// panic goes on unwinding to the caller.
 pub async fn process_message_as<C, T, E, M, F>(
     consumer: &C,
     message: &M,
@@ -146,9 +151,23 @@ where
             )
         }
         Some(event_id) => {
-            let result = consumer
-                .process_once_with_payload(event_id, Some(message.payload()), work)
-                .await;
+            let processing =
+                consumer.process_once_with_payload(event_id, Some(message.payload()), work);
+            let result = match AssertUnwindSafe(processing).catch_unwind().await {
+                Ok(result) => result,
+                Err(panic) => {
+                    // The work's attempt rolled back (or its claim was released) as it unwound.
+                    // Without a settlement the broker would hold the delivery until the channel
+                    // closes (RabbitMQ) or the ack wait ends (JetStream): hand it back now.
+                    if let Err(err) = message
+                        .settle(Settlement::Requeued, crate::REQUEUE_PAUSE)
+                        .await
+                    {
+                        tracing::warn!(target: "tower_idempotency_consumer", event_id, error = %err, "the work panicked and its delivery could not be requeued");
+                    }
+                    std::panic::resume_unwind(panic);
+                }
+            };
             let settlement = if settles(&result) {
                 Settlement::Acked
             } else {

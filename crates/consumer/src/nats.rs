@@ -11,6 +11,7 @@
 //! | processed, duplicate, parked (before or now) | `+ACK` after the commit |
 //! | the work failed, the database failed, in progress elsewhere (Redis) | `-NAK` with a delay: JetStream redelivers it after the lease left on an event in progress, else after [`REQUEUE_PAUSE`](crate::REQUEUE_PAUSE) |
 //! | no event id | `+TERM`: never redelivered |
+//! | the work panicked | `-NAK` after [`REQUEUE_PAUSE`](crate::REQUEUE_PAUSE), then the panic goes on unwinding |
 //!
 //! Each is a double ack: it returns once the server confirmed it.
 //!

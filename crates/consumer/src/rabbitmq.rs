@@ -9,6 +9,7 @@
 //! | processed, duplicate, parked (before or now) | `basic.ack`, after the commit |
 //! | the work failed, the database failed, in progress elsewhere (Redis) | after a pause of [`REQUEUE_PAUSE`](crate::REQUEUE_PAUSE), `basic.nack` with `requeue`: RabbitMQ redelivers it (`redelivered` set) |
 //! | no `message_id` | `basic.reject` without requeue (to the queue's dead-letter exchange, if any) |
+//! | the work panicked | `basic.nack` with `requeue` after the same pause, then the panic goes on unwinding |
 //!
 //! [`Handled`] reports what happened, including the broker's `redelivered` flag.
 //!

@@ -128,3 +128,109 @@ async fn deliveries_are_acked_after_the_commit_requeued_on_failure_parked_and_re
         .expect("delete the queue");
     connection.close(200, "done".into()).await.expect("close");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_work_that_panics_gives_its_delivery_back_at_once_and_the_redelivery_runs_it() {
+    let url = std::env::var("AMQP_URL")
+        .expect("AMQP_URL is not set: export AMQP_URL=amqp://127.0.0.1:5672/%2f");
+    let (pool, _) = common::fresh_postgres().await;
+    let ledger = PgConsumer::new(pool.clone(), "ledger");
+    let queue = common::unique_name("tidem_consumer_rabbitmq_panic");
+    let connection = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at AMQP_URL={url}: {e}"));
+    let channel = connection.create_channel().await.expect("a channel");
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("declare the queue");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    channel
+        .basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            b"ok",
+            BasicProperties::default().with_message_id("evt_ok".into()),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("confirmed");
+    channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut deliveries = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), deliveries.next())
+            .await
+            .expect("a delivery within 10 s, while the channel stays open")
+            .expect("the consumer is open")
+            .expect("a delivery")
+    };
+
+    let first = next().await;
+    let panicked = tokio::spawn({
+        let ledger = ledger.clone();
+        async move {
+            rabbitmq::process_delivery(&ledger, &first, |tx: &mut sqlx::PgConnection| {
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO effects (event_id, delivery) VALUES ('evt_ok', 1)")
+                        .execute(&mut *tx)
+                        .await?;
+                    panic!("the work panicked after its write");
+                    #[allow(unreachable_code)]
+                    Ok::<(), sqlx::Error>(())
+                })
+            })
+            .await
+        }
+    })
+    .await;
+    assert!(panicked.expect_err("the task panicked").is_panic());
+
+    let again = next().await;
+    assert!(
+        again.redelivered,
+        "the panicked delivery comes back flagged"
+    );
+    let handled =
+        rabbitmq::process_delivery(&ledger, &again, common::record_unless_poison("ok".into()))
+            .await
+            .expect("settled with the broker");
+    assert!(
+        matches!(
+            handled.result,
+            Ok(tower_idempotency_consumer::Outcome::Processed(()))
+        ),
+        "{handled:?}"
+    );
+    let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects")
+        .fetch_one(&pool)
+        .await
+        .expect("effects");
+    assert_eq!(effects, 1, "the panicked attempt's write rolled back");
+    assert_eq!(rabbitmq_ready(&channel, &queue).await, 0);
+
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .expect("delete the queue");
+    connection.close(200, "done".into()).await.expect("close");
+}
