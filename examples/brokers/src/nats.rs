@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use tokio::task::JoinSet;
 use tower_idempotency_consumer::nats::{
     self,
-    async_nats::{self, jetstream},
+    async_nats::{self, header::NATS_MESSAGE_ID, jetstream, HeaderMap},
 };
 
 use crate::{apply, event_id, migrate, report};
@@ -74,12 +74,7 @@ pub async fn run(
         let ledger = ledger.clone();
         in_hand.spawn(async move {
             let body = message.payload.to_vec();
-            // The body's `id`, else the `Nats-Msg-Id` the producer set: a body that is not an
-            // event still has an id to count its failures by, and is parked, not dropped.
-            let event_id = event_id(&body).or_else(|| {
-                let headers = message.headers.as_ref()?;
-                Some(headers.get("Nats-Msg-Id")?.as_str().to_owned())
-            });
+            let event_id = event_id_or_msg_id(&body, message.headers.as_ref());
             let handled =
                 nats::process_message_as(&ledger, &message, event_id.as_deref(), move |tx| {
                     Box::pin(async move { apply(tx, &body).await })
@@ -99,4 +94,36 @@ pub async fn run(
     );
     while in_hand.join_next().await.is_some() {}
     Ok(())
+}
+
+/// The body's `id`, else the `Nats-Msg-Id` the producer set: a body that is not an event still
+/// has an id to count its failures by, and is parked, not dropped.
+pub fn event_id_or_msg_id(body: &[u8], headers: Option<&HeaderMap>) -> Option<String> {
+    event_id(body).or_else(|| Some(headers?.get(NATS_MESSAGE_ID)?.as_str().to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_body_id_comes_first_then_the_message_id() {
+        let mut headers = HeaderMap::new();
+        headers.insert(NATS_MESSAGE_ID, "msg-7");
+        let event = br#"{"id":"evt_1","amount_cents":5}"#;
+        assert_eq!(
+            event_id_or_msg_id(event, Some(&headers)).as_deref(),
+            Some("evt_1")
+        );
+        assert_eq!(
+            event_id_or_msg_id(b"not an event", Some(&headers)).as_deref(),
+            Some("msg-7"),
+            "a body that is not an event is counted and parked by its message id"
+        );
+        assert_eq!(event_id_or_msg_id(b"not an event", None), None);
+        assert_eq!(
+            event_id_or_msg_id(b"not an event", Some(&HeaderMap::new())),
+            None
+        );
+    }
 }
