@@ -183,6 +183,25 @@ mod store_down {
     );
 }
 
+/// Transactional mode with `.fail_open()` on SQL stores whose table was never made: the claims
+/// fail while the database works, and each handler runs in its own transaction.
+mod claims_fail_while_the_database_works {
+    use super::*;
+    use tower_idempotency::store::{
+        mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore,
+    };
+    use tower_idempotency_tests::{
+        bounded_tests, fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, Isolation,
+    };
+
+    bounded_tests!(PostgresStore::new(fresh_postgres_pool(4).await);
+        postgres => suite::transactional::transactional_fail_open_gives_the_handler_its_transaction);
+    bounded_tests!(SqliteStore::new(fresh_sqlite_pool(4).await);
+        sqlite => suite::transactional::transactional_fail_open_gives_the_handler_its_transaction);
+    bounded_tests!(MySqlStore::new(fresh_mysql_pool(4, Isolation::RepeatableRead).await);
+        mysql => suite::transactional::transactional_fail_open_gives_the_handler_its_transaction);
+}
+
 /// Transactional mode on the SQL stores: the handler's writes commit with the saved answer.
 mod transactional {
     use super::*;

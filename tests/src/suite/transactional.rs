@@ -262,6 +262,34 @@ where
     assert_eq!(<St::Database as Widgets>::count(&pool).await, 2);
 }
 
+/// Transactional mode with `.fail_open()`, on a store whose claims fail while its database
+/// works (`store` was never migrated: its table is missing): every request runs unguarded, and
+/// its handler still gets its transaction, committed with its 201 and rolled back with its 503.
+pub async fn transactional_fail_open_gives_the_handler_its_transaction<St>(store: St)
+where
+    St: TransactionalStore,
+    St::Database: Widgets,
+{
+    let (server, pool) = serve_layer(Idempotency::new(store).transactional().fail_open()).await;
+    send(server.post_key("/tx/flaky", "tx-open", ORDER))
+        .await
+        .assert_executed(StatusCode::SERVICE_UNAVAILABLE, 1);
+    assert_eq!(
+        <St::Database as Widgets>::count(&pool).await,
+        0,
+        "the 503's row was committed"
+    );
+    send(server.post_key("/tx/write", "tx-open", ORDER))
+        .await
+        .assert_executed(StatusCode::CREATED, 2);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 1);
+    // Nothing could be claimed or saved: the same key runs again.
+    send(server.post_key("/tx/write", "tx-open", ORDER))
+        .await
+        .assert_executed(StatusCode::CREATED, 3);
+    assert_eq!(<St::Database as Widgets>::count(&pool).await, 2);
+}
+
 /// Transactional mode: the handler's row and the saved answer commit together; the retry
 /// replays and there is one row.
 pub async fn transactional_commit_saves_row_and_answer<St>(store: St)
