@@ -1,8 +1,8 @@
 //! Tracing events and metrics.
 //!
 //! Events are emitted under the target `tower_idempotency`, inside a span named `idempotency`
-//! per guarded request. The span carries the scoped key hash (`idempotency.key_hash`, never the
-//! raw key, the scope or the body), the OpenTelemetry HTTP fields `http.request.method`,
+//! per guarded request. The span carries the scoped key hash (`idempotency.key_hash`, 64 hex
+//! digits as the operator tools take them; never the raw key, the scope or the body), the OpenTelemetry HTTP fields `http.request.method`,
 //! `http.route`, `url.path` and `http.response.status_code`, and the request's final `outcome`.
 //!
 //! `http.route` is the route that matched, such as `/orders/{id}`: axum's `MatchedPath` (with the
@@ -253,10 +253,10 @@ impl RequestRecord {
     }
 
     pub(crate) fn key(&self, key: &KeyHash) {
-        self.span.record(
-            "idempotency.key_hash",
-            tracing::field::display(ShortKey(key)),
-        );
+        // All 64 hex digits, as the admin CLI and routes take them; formatted only if a
+        // subscriber records the span.
+        self.span
+            .record("idempotency.key_hash", tracing::field::display(key));
     }
 
     pub(crate) fn status(&self, status: http::StatusCode) {
@@ -418,16 +418,6 @@ pub(crate) fn store_stats(store: &'static str, stats: &crate::store::StoreStats)
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (store, stats);
-}
-
-/// The first 16 hex digits of a key hash: enough to find the record, short in a log line.
-/// Formatted only if a subscriber records the span.
-struct ShortKey<'a>(&'a KeyHash);
-
-impl std::fmt::Display for ShortKey<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&crate::key::hex(&self.0 .0[..8]))
-    }
 }
 
 /// A metrics recorder for the crate's tests: every counter, the sample count of every

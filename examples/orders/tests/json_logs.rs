@@ -1,9 +1,12 @@
 //! `LOG_FORMAT=json`: the real binary logs one JSON object per line, and the events of a guarded
-//! request carry the idempotency span with the matched route, never the raw key.
+//! request carry the idempotency span with the matched route and the key hash the operator routes
+//! take, never the raw key.
 
 mod common;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
+
+const ADMIN_TOKEN: &str = "json-logs-admin-token";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_binary_logs_json_lines_carrying_the_matched_route() {
@@ -12,6 +15,7 @@ async fn the_binary_logs_json_lines_carrying_the_matched_route() {
     let mut child = common::orders_api(&database_url)
         .env("LOG_FORMAT", "json")
         .env("RUST_LOG", "info,tower_idempotency=debug")
+        .env("ADMIN_TOKEN", ADMIN_TOKEN)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start the orders API");
@@ -51,6 +55,24 @@ async fn the_binary_logs_json_lines_carrying_the_matched_route() {
     assert_eq!(idempotency["http.route"], "/orders");
     assert_eq!(idempotency["url.path"], "/orders");
     assert_eq!(order_created["level"], "INFO");
+
+    // From the log line to the record: the logged hash is the one the operator routes take.
+    let hash = idempotency["idempotency.key_hash"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no key hash in {idempotency}"));
+    let record = reqwest::Client::new()
+        .get(format!("{url}/admin/idempotency/key-hashes/{hash}"))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        record.status(),
+        200,
+        "the logged key hash {hash} finds no record"
+    );
+    let record: serde_json::Value = serde_json::from_str(&record.text().await.unwrap()).unwrap();
+    assert_eq!(record["state"], "done", "{record}");
     drop(child);
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
