@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Check the observability kit: the alert rules with `promtool check rules`, the Grafana
+"""Check the observability kit: the alert rules with `promtool check rules` and their unit tests
+(`alerts.test.yml`) with `promtool test rules`, the Grafana
 dashboard as JSON whose every query is valid PromQL (promtool again, on a rules file made of the
 dashboard's queries with Grafana's variables filled in), and every metric they name is one the
 library exports (names read from its observe.rs).
@@ -149,6 +150,15 @@ with tempfile.TemporaryDirectory() as tmp:
             failed |= result.returncode != 0
         else:
             failed |= not check_rules_without_promtool(path)
+
+tests = kit / "alerts.test.yml"
+if promtool:
+    # The alerts' own unit tests: which series make each alert fire, and which must not.
+    result = subprocess.run([promtool, "test", "rules", tests.name], cwd=kit, capture_output=True, text=True)
+    print(result.stdout.strip() or result.stderr.strip())
+    failed |= result.returncode != 0
+else:
+    print(f"{tests.name}: not run (needs promtool)")
 
 print(f"{len(queries)} dashboard queries, {alerts.count('- alert:')} alerts, {len(exported)} exported metrics")
 sys.exit(1 if failed else 0)
