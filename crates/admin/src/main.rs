@@ -52,7 +52,10 @@ use tower_idempotency::store::postgres::{sqlx::PgPool, PostgresStore};
 #[cfg(feature = "redis")]
 use tower_idempotency::store::redis::{redis, RedisStore};
 #[cfg(feature = "sqlite")]
-use tower_idempotency::store::sqlite::{sqlx::SqlitePool, SqliteStore};
+use tower_idempotency::store::sqlite::{
+    sqlx::{sqlite::SqliteConnectOptions, SqlitePool},
+    SqliteStore,
+};
 use tower_idempotency::{
     store::{DynStore, RecordInfo, RecordState, Store, StoreError, StoreStats},
     IdempotencyKey, KeyHash, Scope,
@@ -274,9 +277,17 @@ async fn connect(cli: &Cli) -> Result<Backend, String> {
         }
         #[cfg(feature = "sqlite")]
         "sqlite" => {
-            let pool = SqlitePool::connect(url)
+            let options: SqliteConnectOptions = url
+                .parse()
+                .map_err(|e| format!("invalid SQLite URL: {e}"))?;
+            // `migrate` makes the database file, as the layer's own `migrate` does for an
+            // application; every other verb reads one that exists.
+            let creates = matches!(cli.command, Command::Migrate);
+            let pool = SqlitePool::connect_with(options.create_if_missing(creates))
                 .await
-                .map_err(|e| format!("cannot open SQLite: {e}"))?;
+                .map_err(|e| {
+                    format!("cannot open SQLite: {e} (`migrate` makes a new database file)")
+                })?;
             Ok(Backend::Sqlite(
                 SqliteStore::new(pool).with_table(cli.table.clone()),
             ))
