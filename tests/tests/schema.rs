@@ -88,3 +88,32 @@ applied_by_hand!(
     "mysql",
     ["0001_idempotency_records.sql" => None]
 );
+
+/// A schema-qualified table applied by hand as `TableName`'s docs say: the index and constraint
+/// names take the name without its schema, every other `idempotency_records` the whole name.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_a_schema_qualified_table_applied_by_hand_as_the_docs_say() {
+    let pool = fresh_postgres_pool(2).await;
+    sqlx::raw_sql("CREATE SCHEMA billing")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store =
+        PostgresStore::new(pool.clone()).with_table(TableName::new("billing.idem").unwrap());
+    assert!(store.check_schema().await.is_err());
+    for sql in [
+        include_str!("../../migrations/postgres/0001_idempotency_records.sql"),
+        include_str!("../../migrations/postgres/0002_watched.sql"),
+    ] {
+        let sql = sql
+            .replace("idempotency_records_", "idem_")
+            .replace("idempotency_records", "billing.idem");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    store.check_schema().await.unwrap();
+    store.migrate().await.unwrap();
+    store.check_schema().await.unwrap();
+}

@@ -450,7 +450,7 @@ where
             let by_hand = if table.as_str() == TableName::default().as_str() {
                 String::new()
             } else {
-                format!(", with `idempotency_records` replaced by `{table}`")
+                format!(", with the name `{table}` written in as `TableName`'s docs say")
             };
             StoreError::new(
                 StoreErrorKind::Migration,

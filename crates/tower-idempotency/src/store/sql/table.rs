@@ -29,9 +29,15 @@ const MAX_SCHEMA: usize = 63;
 /// nothing is formatted per request. `migrate()` creates the table, with its index and
 /// constraints named after it (`{name}_expires_at`), and tracks its migrations in
 /// `{table}_migrations` (the default table keeps `_tower_idempotency_migrations`), so stores on
-/// two tables of one database migrate apart. With your own migration tool, apply the files of
-/// `migrations/` with `idempotency_records` replaced by the name; `check_schema()` names the
-/// table it checks.
+/// two tables of one database migrate apart. `check_schema()` names the table it checks.
+///
+/// With your own migration tool, apply the files of `migrations/` with the name written in. For
+/// a name without a schema, replace `idempotency_records` by it. For `schema.name`, first
+/// replace `idempotency_records_`, the start of the index and constraint names, by `name_`
+/// (SQLite: by `schema.name_`, since its index names carry the schema), and `ON
+/// idempotency_records (` by `ON name (` (SQLite only: an index is created in its table's
+/// schema); then every other `idempotency_records` by `schema.name`. PostgreSQL and MySQL create
+/// indexes and constraints in their table's schema and refuse a schema in their names.
 ///
 /// ```
 /// use tower_idempotency::store::TableName;

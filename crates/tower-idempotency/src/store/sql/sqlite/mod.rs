@@ -122,7 +122,7 @@
 //!
 //! A store on another table ([`SqliteStore::with_table`]) gets the same schema under that name:
 //! `migrate` creates it and tracks it in `{table}_migrations`. With your own migration tool,
-//! apply the files with `idempotency_records` replaced by the name.
+//! apply the files with the name written in as [`TableName`](crate::store::TableName) says.
 //!
 //! If you run your own migrations instead, this is the schema the store expects
 //! (`migrations/sqlite/0001_idempotency_records.sql`, included here verbatim):
