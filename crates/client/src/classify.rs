@@ -113,7 +113,8 @@ pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Durati
 }
 
 /// Whether a transport error may be temporary: somewhere in its chain of causes is an I/O error,
-/// a hyper connection error (closed, cancelled, incomplete answer) or a timeout. An error with
+/// a hyper connection error (closed, cancelled, incomplete answer), a timeout, or (feature
+/// `reqwest`) a reqwest error that says it is a connect error or a timeout. An error with
 /// none of these (an invalid URI, a refused request method) is not retried.
 ///
 /// The key makes a retry safe even when the request reached the server and only the answer was
@@ -123,6 +124,12 @@ pub fn is_transient(error: &(dyn std::error::Error + 'static)) -> bool {
     while let Some(err) = cause {
         if err.is::<std::io::Error>() || err.is::<tokio::time::error::Elapsed>() {
             return true;
+        }
+        #[cfg(feature = "reqwest")]
+        if let Some(err) = err.downcast_ref::<reqwest::Error>() {
+            if err.is_connect() || err.is_timeout() {
+                return true;
+            }
         }
         if let Some(err) = err.downcast_ref::<hyper::Error>() {
             if err.is_canceled()

@@ -78,14 +78,13 @@ impl Attempt for ReqwestAttempt<'_, '_> {
         let classifier = &self.policy.config.classifier;
         match result {
             Ok(response) => classifier.response(response.status(), response.headers()),
-            // reqwest says so itself for connect errors and its own timeouts.
-            Err(reqwest_middleware::Error::Reqwest(err))
-                if err.is_connect() || err.is_timeout() =>
-            {
-                Verdict::retry(std::time::Duration::ZERO, "transport")
+            // The classifier decides every error, as under the tower front end; reqwest's own
+            // timeouts (its client's `timeout`) are its `timed_out`.
+            Err(reqwest_middleware::Error::Reqwest(err)) if err.is_timeout() => {
+                classifier.timed_out()
             }
             Err(reqwest_middleware::Error::Reqwest(err)) => classifier.error(err),
-            Err(_) => Verdict::Final,
+            Err(reqwest_middleware::Error::Middleware(err)) => classifier.error(err.as_ref()),
         }
     }
 }

@@ -278,6 +278,35 @@ impl Classify for AlsoServerErrors {
     }
 }
 
+/// Retries what the default retries, but no error at all.
+#[derive(Debug)]
+struct NoErrorRetried;
+
+impl Classify for NoErrorRetried {
+    fn response(&self, status: http::StatusCode, headers: &http::HeaderMap) -> Verdict {
+        DefaultClassifier.response(status, headers)
+    }
+
+    fn error(&self, _: &(dyn std::error::Error + 'static)) -> Verdict {
+        Verdict::Final
+    }
+}
+
+pub async fn a_custom_classifier_decides_which_errors_are_retried<C: TestClient>() {
+    let addr = server::free_port().await;
+    let (client, probe) = client::<C>(fast().with_classifier(NoErrorRetried));
+    let err = client
+        .post(&format!("http://{addr}/orders"), None)
+        .await
+        .unwrap_err();
+    assert!(!err.is_empty());
+    assert_eq!(
+        probe.attempts(),
+        1,
+        "the classifier refused to retry the connect error"
+    );
+}
+
 pub async fn a_custom_classifier_decides_what_is_retried<C: TestClient>() {
     let server = Scripted::start(
         &[Answer::Status(500), Answer::Status(500)],
@@ -369,6 +398,7 @@ macro_rules! all_cases {
             the_deadline_ends_the_retries,
             the_budget_stops_a_retry_storm,
             a_custom_classifier_decides_what_is_retried,
+            a_custom_classifier_decides_which_errors_are_retried,
             another_header_name_carries_the_key,
             a_key_source_gives_the_same_key_after_a_restart,
         );
