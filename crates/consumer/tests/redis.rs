@@ -538,3 +538,52 @@ async fn bounded_by<T>(limit: Duration, task: tokio::task::JoinHandle<T>) -> T {
         .expect("bounded")
         .expect("no panic")
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parked_event_and_its_failures_are_kept_until_replayed() {
+    let consumer = consumer(&unique_name("consumer"))
+        .await
+        .with_max_attempts(std::num::NonZeroU32::new(1).expect("1"));
+    let parked = consumer
+        .process_once_with_payload("evt_1", Some(b"payload"), |_| {
+            Box::pin(async { Err::<(), _>(std::io::Error::other("no")) })
+        })
+        .await;
+    assert!(matches!(parked, Err(Error::Parked(_))), "{parked:?}");
+    let mut conn = common::redis_connection().await;
+    let key = consumer.key("evt_1");
+    let ttls: (i64, i64) = redis::pipe()
+        .cmd("PTTL")
+        .arg(&key)
+        .cmd("PTTL")
+        .arg(format!("{key}:failures"))
+        .query_async(&mut conn)
+        .await
+        .expect("PTTL");
+    assert_eq!(ttls, (-1, -1), "the parked mark and its failures expire");
+    assert!(consumer.replay("evt_1").await.expect("replay"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_work_that_fails_after_its_claim_was_taken_gets_lease_lost() {
+    let consumer = consumer(&unique_name("consumer")).await;
+    let key = consumer.key("evt_1");
+    let failed = deliver(&consumer, "evt_1", LEASE, move || async move {
+        // Another holder's claim, as after this one's lease lapsed.
+        let mut conn = common::redis_connection().await;
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg("another-holder")
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        Err::<(), _>(std::io::Error::other("failed late"))
+    })
+    .await;
+    assert!(matches!(failed, Err(Error::LeaseLost)), "{failed:?}");
+    assert_eq!(
+        consumer.parked("evt_1").await.expect("read"),
+        None,
+        "a failure of a lost claim is not counted"
+    );
+}

@@ -31,7 +31,7 @@
 //! name and the event id (so any id is a safe key) and the braces are literal: they are the
 //! key's Redis Cluster hash tag. Its value is the holder's token (a UUID) while the work runs,
 //! expiring with the lease, then `done`, expiring after the [retention](RedisConsumer::with_retention),
-//! or `parked` after [too many failures](RedisConsumer::with_max_attempts). Failed attempts and
+//! or `parked` after [too many failures](RedisConsumer::with_max_attempts), kept until replayed. Failed attempts and
 //! the last error live in the hash `<prefix>:{<hex>}:failures`, in the same slot.
 //!
 //! # Fencing
@@ -143,8 +143,10 @@ where
     }
 
     /// Park an event after `max_attempts` failures of its work instead of
-    /// [`DEFAULT_MAX_ATTEMPTS`]: deliveries then report [`Outcome::Parked`] without running it,
-    /// for the retention, until [`replay`](Self::replay). (Parked events are found by id, with
+    /// [`DEFAULT_MAX_ATTEMPTS`]: deliveries then report [`Outcome::Parked`] without running it
+    /// until [`replay`](Self::replay). A parked event and its failures (the payload, the last
+    /// error) do not expire, as the SQL consumers' parked rows outlive their sweeps: an event
+    /// acknowledged at the broker as parked is never lost. (Parked events are found by id, with
     /// [`parked`](Self::parked), and each is logged as a warning when parked; Redis keeps no
     /// list of them.)
     pub fn with_max_attempts(mut self, max_attempts: std::num::NonZeroU32) -> Self {
@@ -403,6 +405,9 @@ where
                 tracing::warn!(target: "tower_idempotency_consumer", consumer = &*self.consumer, event_id = held.event_id, attempts, error = %err, "the event is parked: its deliveries are acknowledged and skipped until it is replayed; RedisConsumer::parked shows it");
                 Error::Parked(err)
             }
+            // The claim lapsed while the work ran: not counted, as no attempt of this holder's
+            // can be recorded on a claim it no longer holds.
+            Ok((status, _)) if status == "lost" => Error::LeaseLost,
             Ok(_) => Error::Work(err),
             Err(record) => {
                 // The lease lapses by itself: the redelivery only waits longer.
