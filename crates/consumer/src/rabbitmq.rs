@@ -61,6 +61,7 @@ use std::time::Duration;
 use lapin::{
     message::Delivery,
     options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions},
+    types::AMQPValue,
 };
 
 use crate::delivery::sealed::Sealed;
@@ -87,9 +88,20 @@ impl BrokerMessage for Delivery {
         self.redelivered
     }
 
-    /// RabbitMQ classic queues only flag redeliveries.
+    /// Quorum queues count earlier deliveries in the `x-delivery-count` header; classic queues
+    /// only flag redeliveries. A delivery not flagged redelivered is the first.
     fn deliveries(&self) -> Option<u64> {
-        None
+        let earlier = self.properties.headers().as_ref().and_then(|headers| {
+            headers
+                .into_iter()
+                .find(|(name, _)| name.as_str() == "x-delivery-count")
+                .and_then(|(_, count)| whole_number(count))
+        });
+        match earlier {
+            Some(earlier) => Some(earlier.saturating_add(1)),
+            None if !self.redelivered => Some(1),
+            None => None,
+        }
     }
 
     async fn settle(
@@ -113,5 +125,19 @@ impl BrokerMessage for Delivery {
         }
         .map(drop)
         .map_err(SettleError::new)
+    }
+}
+
+/// A header's value as a count, whichever integer type the broker chose.
+fn whole_number(value: &AMQPValue) -> Option<u64> {
+    match *value {
+        AMQPValue::ShortShortUInt(n) => Some(n.into()),
+        AMQPValue::ShortUInt(n) => Some(n.into()),
+        AMQPValue::LongUInt(n) => Some(n.into()),
+        AMQPValue::ShortShortInt(n) => u64::try_from(n).ok(),
+        AMQPValue::ShortInt(n) => u64::try_from(n).ok(),
+        AMQPValue::LongInt(n) => u64::try_from(n).ok(),
+        AMQPValue::LongLongInt(n) => u64::try_from(n).ok(),
+        _ => None,
     }
 }

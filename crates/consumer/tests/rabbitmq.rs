@@ -14,7 +14,7 @@ use tower_idempotency_consumer::{
                 BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
                 QueueDeclareOptions, QueueDeleteOptions,
             },
-            types::FieldTable,
+            types::{AMQPValue, FieldTable},
             BasicProperties, Connection, ConnectionProperties,
         },
     },
@@ -108,6 +108,11 @@ async fn deliveries_are_acked_after_the_commit_requeued_on_failure_parked_and_re
     assert!(
         poison[1].redelivered,
         "a requeued message comes back flagged redelivered"
+    );
+    assert_eq!(poison[0].deliveries, Some(1), "a first delivery");
+    assert_eq!(
+        poison[1].deliveries, None,
+        "a classic queue does not count redeliveries"
     );
 
     // Nothing left: every delivery was settled.
@@ -226,6 +231,89 @@ async fn a_work_that_panics_gives_its_delivery_back_at_once_and_the_redelivery_r
         .await
         .expect("effects");
     assert_eq!(effects, 1, "the panicked attempt's write rolled back");
+    assert_eq!(rabbitmq_ready(&channel, &queue).await, 0);
+
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .expect("delete the queue");
+    connection.close(200, "done".into()).await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quorum_queue_counts_each_delivery() {
+    let url = std::env::var("AMQP_URL")
+        .expect("AMQP_URL is not set: export AMQP_URL=amqp://127.0.0.1:5672/%2f");
+    let (pool, _) = common::fresh_postgres().await;
+    let ledger =
+        PgConsumer::new(pool.clone(), "ledger").with_max_attempts(NonZeroU32::new(3).expect("3"));
+    let queue = common::unique_name("tidem_consumer_rabbitmq_quorum");
+    let connection = Connection::connect(&url, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach RabbitMQ at AMQP_URL={url}: {e}"));
+    let channel = connection.create_channel().await.expect("a channel");
+    let mut quorum = FieldTable::default();
+    quorum.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            quorum,
+        )
+        .await
+        .expect("declare a quorum queue");
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .expect("confirms");
+    channel
+        .basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            b"poison",
+            BasicProperties::default().with_message_id("evt_poison".into()),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("confirmed");
+    channel
+        .basic_qos(1, BasicQosOptions::default())
+        .await
+        .expect("qos");
+    let mut deliveries = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    let mut counted = Vec::new();
+    for _ in 0..3 {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), deliveries.next())
+            .await
+            .expect("a delivery within 10 s")
+            .expect("the consumer is open")
+            .expect("a delivery");
+        let handled = rabbitmq::process_delivery(
+            &ledger,
+            &delivery,
+            common::record_unless_poison("poison".into()),
+        )
+        .await
+        .expect("settled with the broker");
+        counted.push(handled.deliveries);
+    }
+    assert_eq!(counted, [Some(1), Some(2), Some(3)]);
     assert_eq!(rabbitmq_ready(&channel, &queue).await, 0);
 
     channel
