@@ -15,8 +15,9 @@
 //!   `{ "b":2, "a":1 }` are the same request. So is a body without `Content-Type` that parses as
 //!   JSON, since handlers commonly read those as JSON too.
 //! - A JSON body holding a number that a 64-bit float cannot tell from its neighbours (more
-//!   than 15 significant digits, an integer beyond the 64-bit ones, an exponent of 100 or more)
-//!   is hashed as its raw bytes instead: canonicalised, `{"amount":1.000000000000000001}` and
+//!   than 15 significant digits, an integer beyond the 64-bit ones, an exponent of 100 or more,
+//!   unless the number is written as the float's shortest form, as JavaScript writes
+//!   `0.30000000000000004`) is hashed as its raw bytes instead: canonicalised, `{"amount":1.000000000000000001}` and
 //!   `{"amount":1}` would be the same request, and a handler that reads decimals exactly would
 //!   see two. Two such bodies are the same request only byte for byte.
 //! - Any other body is hashed as its raw bytes.
@@ -234,9 +235,9 @@ fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 }
 
 /// Whether the JSON text `body` holds a number that parses to a float standing for more than
-/// one literal: more than 15 significant digits (what a 64-bit float holds exactly), an integer
-/// past `i64`/`u64` (parsed as a float), or an exponent of 100 or more (near the float's
-/// limits). Numbers inside strings do not count; text that is not JSON may answer either way,
+/// one literal: with more than 15 significant digits (what a 64-bit float holds exactly), an
+/// integer past `i64`/`u64` (parsed as a float), or an exponent of 100 or more (near the float's
+/// limits), and not the shortest writing of the float it parses to ([`round_trips`]). Numbers inside strings do not count; text that is not JSON may answer either way,
 /// since it is hashed raw anyway.
 fn has_inexact_number(body: &[u8]) -> bool {
     let mut at = 0;
@@ -294,7 +295,7 @@ fn number_at(body: &[u8], start: usize) -> (bool, usize) {
             b"18446744073709551615"
         };
         let fits = whole.len() < limit.len() || (whole.len() == limit.len() && whole <= limit);
-        return (!fits, at);
+        return (!fits && !round_trips(&body[start..at]), at);
     }
     let mantissa: Vec<u8> = whole.iter().chain(fraction).copied().collect();
     let significant = mantissa.iter().position(|&d| d != b'0').map_or(0, |first| {
@@ -302,7 +303,58 @@ fn number_at(body: &[u8], start: usize) -> (bool, usize) {
         last + 1 - first
     });
     let exponent_digits = exponent.map_or(0, |e| e.iter().skip_while(|&&d| d == b'0').count());
-    (significant > 15 || exponent_digits > 2, at)
+    let suspect = significant > 15 || exponent_digits > 2;
+    (suspect && !round_trips(&body[start..at]), at)
+}
+
+/// Whether the number `literal` has the value of the float serde_json parses it to, written with the
+/// fewest digits that parse back to it (Rust's `{:e}`), as JavaScript and most serialisers write
+/// floats: then no literal of another value parses to the same float, and the canonical form
+/// loses nothing. `0.30000000000000004` does; `1.000000000000000001` (parsed as `1`) does not.
+fn round_trips(literal: &[u8]) -> bool {
+    // Parsed as the canonical form parses it: serde_json's reading of a long literal may be
+    // an ulp off the nearest float, and then the literal does not round-trip.
+    match serde_json::from_slice::<f64>(literal).ok() {
+        Some(float) if float.is_finite() => {
+            decimal(literal) == decimal(format!("{float:e}").as_bytes())
+        }
+        _ => false,
+    }
+}
+
+/// A number literal's value as its sign, its significant digits and the power of ten of the
+/// first of them: `0.0120` and `1.2e-2` are both `(false, "12", -2)`; zero has no digits.
+fn decimal(literal: &[u8]) -> (bool, Vec<u8>, i64) {
+    let negative = literal.first() == Some(&b'-');
+    let unsigned = &literal[usize::from(negative)..];
+    let (mantissa, exponent) = match unsigned.iter().position(|b| matches!(b, b'e' | b'E')) {
+        Some(e) => {
+            let power = std::str::from_utf8(&unsigned[e + 1..])
+                .ok()
+                .and_then(|text| text.parse::<i64>().ok());
+            (&unsigned[..e], power.unwrap_or(i64::MAX))
+        }
+        None => (unsigned, 0),
+    };
+    let point = mantissa
+        .iter()
+        .position(|&b| b == b'.')
+        .unwrap_or(mantissa.len());
+    let digits: Vec<u8> = mantissa
+        .iter()
+        .copied()
+        .filter(u8::is_ascii_digit)
+        .collect();
+    let Some(first) = digits.iter().position(|&d| d != b'0') else {
+        return (negative, Vec::new(), 0);
+    };
+    let last = digits.iter().rposition(|&d| d != b'0').unwrap_or(first);
+    let power = i64::try_from(point)
+        .unwrap_or(i64::MAX)
+        .saturating_sub(1)
+        .saturating_sub(i64::try_from(first).unwrap_or(i64::MAX))
+        .saturating_add(exponent);
+    (negative, digits[first..=last].to_vec(), power)
 }
 
 /// The canonical form alone, for the tests that hold it against [`canonical_json`].
@@ -743,6 +795,15 @@ mod tests {
         );
         // Every other number is still canonicalised, and digits in strings are text.
         for (a, b) in [
+            // The shortest writing of a float, as JavaScript writes `0.1 + 0.2`.
+            (
+                r#"{"a":0.30000000000000004,"b":1}"#,
+                r#"{ "b": 1, "a": 0.30000000000000004 }"#,
+            ),
+            (
+                r#"[0.7999999999999999,2.220446049250313e-16]"#,
+                r#"[ 0.7999999999999999, 2.220446049250313E-16 ]"#,
+            ),
             (r#"{"a":0.1,"b":-12.5e3}"#, r#"{ "b": -12.5e3, "a": 0.1 }"#),
             (
                 r#"{"a":18446744073709551615}"#,
