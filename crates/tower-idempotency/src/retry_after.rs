@@ -2,7 +2,7 @@
 
 use std::{
     collections::{hash_map::Entry, HashMap},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{Mutex, MutexGuard},
     time::Duration,
 };
 
@@ -124,16 +124,16 @@ impl Durations {
 }
 
 /// Forgets a running attempt when it ends, however it ends (answer, error, panic).
-pub(crate) struct Running {
-    pub(crate) durations: Arc<Durations>,
+pub(crate) struct Running<'a> {
+    pub(crate) durations: &'a Durations,
     pub(crate) key: KeyHash,
-    pub(crate) path: String,
+    pub(crate) path: &'a str,
     pub(crate) start: Instant,
 }
 
-impl Drop for Running {
+impl Drop for Running<'_> {
     fn drop(&mut self) {
-        self.durations.finished(&self.key, &self.path, self.start);
+        self.durations.finished(&self.key, self.path, self.start);
     }
 }
 

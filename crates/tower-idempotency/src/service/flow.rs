@@ -108,8 +108,9 @@ fn respond<F: Flow>(
             outcome: ClaimOutcome::Claimed { taken_over },
             run_state,
         }) => {
-            let lease =
-                Lease::new::<F::Mode>(layer, Hold::new(prepared.key_hash, token), record.clone());
+            let hold = Hold::new(prepared.key_hash, token);
+            let path = prepared.parts.uri.path();
+            let lease = Lease::new::<F::Mode>(layer, hold, record.clone(), path);
             let (run, req) = run_claimed::<F>(prepared, lease, taken_over, run_state);
             Next::Run(run, req)
         }
@@ -152,11 +153,10 @@ fn run_claimed<F: Flow>(
     } else {
         observe::record(Outcome::Claimed, &"key claimed; the handler runs");
     }
-    let path = prepared.parts.uri.path().to_owned();
     let mut req = prepared.into_request();
     let state = F::Mode::begin_run(&lease.store, req.extensions_mut(), claimed);
     // If the client disconnects and the response future is dropped from here on, the rest of
     // the flow is handed to the runtime: the handler runs to the end and its answer is recorded.
     lease.record.finish_on_drop();
-    (ClaimedRun::<F> { lease, state, path }, req)
+    (ClaimedRun::<F> { lease, state }, req)
 }

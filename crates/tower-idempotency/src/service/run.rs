@@ -30,6 +30,8 @@ pub(super) struct Lease<St> {
     /// Whether the claim holds a lease to renew and release (see [`Mode::LEASED`]).
     pub(super) leased: bool,
     pub(super) record: Arc<RequestRecord>,
+    /// The request's path, for the Retry-After estimates of its duplicates.
+    pub(super) path: String,
 }
 
 impl<St> Lease<St> {
@@ -37,6 +39,7 @@ impl<St> Lease<St> {
         layer: &Shared<St, M>,
         hold: Hold,
         record: Arc<RequestRecord>,
+        path: &str,
     ) -> Self
     where
         St: crate::store::Store,
@@ -47,6 +50,7 @@ impl<St> Lease<St> {
             hold,
             leased: M::LEASED,
             record,
+            path: path.to_owned(),
         }
     }
 
@@ -56,26 +60,24 @@ impl<St> Lease<St> {
     pub(super) fn superseded_retry_after(&self) -> std::time::Duration {
         let config = &self.config;
         let durations = &config.durations;
-        durations.retry_after(config.retry_after, &self.hold.key, "", config.lease)
+        durations.retry_after(config.retry_after, &self.hold.key, &self.path, config.lease)
     }
 
     /// The handler's duration, counted until this drops, for the Retry-After estimate.
-    fn running(&self, path: String) -> Running {
+    fn running(&self) -> Running<'_> {
         Running {
-            durations: self.config.durations.clone(),
+            durations: &self.config.durations,
             key: self.hold.key,
             start: self.config.durations.started(self.hold.key),
-            path,
+            path: &self.path,
         }
     }
 }
 
-/// The handler's run once the key is claimed: the lease, the mode's state for the run, and the
-/// request's path (for the Retry-After estimate of its duplicates).
+/// The handler's run once the key is claimed: the lease and the mode's state for the run.
 pub(super) struct ClaimedRun<F: Flow> {
     pub(super) lease: Lease<F::Store>,
     pub(super) state: RunState<F>,
-    pub(super) path: String,
 }
 
 /// How far the handler's body was read.
@@ -97,8 +99,8 @@ impl<F: Flow> ClaimedRun<F> {
         inner: F::Inner,
         req: Request<RequestBody<F::ReqBody>>,
     ) -> Answer<F> {
-        let Self { lease, state, path } = self;
-        let running = lease.running(path);
+        let Self { lease, state } = self;
+        let running = lease.running();
         let limit = lease.config.saved_body_limit;
         let result = tokio::select! {
             biased;
