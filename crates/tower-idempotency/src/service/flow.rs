@@ -109,8 +109,8 @@ fn respond<F: Flow>(
             run_state,
         }) => {
             let hold = Hold::new(prepared.key_hash, token);
-            let path = prepared.parts.uri.path();
-            let lease = Lease::new::<F::Mode>(layer, hold, record.clone(), path);
+            let uri = &prepared.parts.uri;
+            let lease = Lease::new::<F::Mode>(layer, hold, record.clone(), uri);
             let (run, req) = run_claimed::<F>(prepared, lease, taken_over, run_state);
             Next::Run(run, req)
         }

@@ -30,8 +30,9 @@ pub(super) struct Lease<St> {
     /// Whether the claim holds a lease to renew and release (see [`Mode::LEASED`]).
     pub(super) leased: bool,
     pub(super) record: Arc<RequestRecord>,
-    /// The request's path, for the Retry-After estimates of its duplicates.
-    pub(super) path: String,
+    /// The request's path, for the Retry-After estimates of its duplicates: the request's own
+    /// bytes, shared, not copied.
+    pub(super) path: Option<http::uri::PathAndQuery>,
 }
 
 impl<St> Lease<St> {
@@ -39,7 +40,7 @@ impl<St> Lease<St> {
         layer: &Shared<St, M>,
         hold: Hold,
         record: Arc<RequestRecord>,
-        path: &str,
+        uri: &http::Uri,
     ) -> Self
     where
         St: crate::store::Store,
@@ -50,7 +51,7 @@ impl<St> Lease<St> {
             hold,
             leased: M::LEASED,
             record,
-            path: path.to_owned(),
+            path: uri.path_and_query().cloned(),
         }
     }
 
@@ -60,7 +61,12 @@ impl<St> Lease<St> {
     pub(super) fn superseded_retry_after(&self) -> std::time::Duration {
         let config = &self.config;
         let durations = &config.durations;
-        durations.retry_after(config.retry_after, &self.hold.key, &self.path, config.lease)
+        durations.retry_after(
+            config.retry_after,
+            &self.hold.key,
+            self.path(),
+            config.lease,
+        )
     }
 
     /// The handler's duration, counted until this drops, for the Retry-After estimate.
@@ -69,8 +75,14 @@ impl<St> Lease<St> {
             durations: &self.config.durations,
             key: self.hold.key,
             start: self.config.durations.started(self.hold.key),
-            path: &self.path,
+            path: self.path(),
         }
+    }
+
+    fn path(&self) -> &str {
+        self.path
+            .as_ref()
+            .map_or("/", http::uri::PathAndQuery::path)
     }
 }
 
