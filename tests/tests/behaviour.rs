@@ -191,15 +191,25 @@ mod claims_fail_while_the_database_works {
         mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore,
     };
     use tower_idempotency_tests::{
-        bounded_tests, fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, Isolation,
+        fresh_mysql_pool, fresh_postgres_pool, fresh_sqlite_pool, Isolation,
     };
 
-    bounded_tests!(PostgresStore::new(fresh_postgres_pool(4).await);
-        postgres => suite::transactional::transactional_fail_open_gives_the_handler_its_transaction);
-    bounded_tests!(SqliteStore::new(fresh_sqlite_pool(4).await);
-        sqlite => suite::transactional::transactional_fail_open_gives_the_handler_its_transaction);
-    bounded_tests!(MySqlStore::new(fresh_mysql_pool(4, Isolation::RepeatableRead).await);
-        mysql => suite::transactional::transactional_fail_open_gives_the_handler_its_transaction);
+    mod postgres {
+        use super::*;
+        transactional_tests!(claims_fail: PostgresStore::new(fresh_postgres_pool(4).await));
+    }
+
+    mod sqlite {
+        use super::*;
+        transactional_tests!(claims_fail: SqliteStore::new(fresh_sqlite_pool(4).await));
+    }
+
+    mod mysql {
+        use super::*;
+        transactional_tests!(claims_fail: MySqlStore::new(
+            fresh_mysql_pool(4, Isolation::RepeatableRead).await
+        ));
+    }
 }
 
 /// Transactional mode on the SQL stores: the handler's writes commit with the saved answer.

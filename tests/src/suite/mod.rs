@@ -628,6 +628,7 @@ mod tests {
             super::BEHAVIOURS,
             super::transactional::TRANSACTIONAL,
             super::transactional::TRANSACTIONAL_DEFERRED,
+            super::transactional::TRANSACTIONAL_CLAIMS_FAIL,
             super::store_down::STORE_DOWN,
         ]
         .concat()

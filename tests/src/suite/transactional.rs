@@ -7,9 +7,13 @@ use tower_idempotency::Transactional;
 
 /// Instantiate every transactional behaviour in the calling module against a fresh SQL store made
 /// by `$store` (an expression, evaluated inside the test); `deferred` adds the behaviours of a
-/// database with deferred constraints.
+/// database with deferred constraints; `claims_fail: $store` instantiates the behaviours of a
+/// store whose claims fail while its database works (one never migrated).
 #[macro_export]
 macro_rules! transactional_tests {
+    (claims_fail: $store:expr) => {
+        $crate::transactional_tests!(@claims_fail [tests $store]);
+    };
     ($store:expr) => {
         $crate::transactional_tests!(@list [tests $store]);
     };
@@ -22,6 +26,14 @@ macro_rules! transactional_tests {
     };
     (@deferred_names) => {
         $crate::transactional_tests!(@deferred [names])
+    };
+    (@claims_fail_names) => {
+        $crate::transactional_tests!(@claims_fail [names])
+    };
+    (@claims_fail $mode:tt) => {
+        $crate::transactional_tests! {@expand $mode;
+            transactional_fail_open_gives_the_handler_its_transaction,
+        }
     };
     (@deferred $mode:tt) => {
         $crate::transactional_tests! {@expand $mode;
@@ -50,6 +62,9 @@ macro_rules! transactional_tests {
 
 /// The transactional behaviours, by name.
 pub const TRANSACTIONAL: &[&str] = crate::transactional_tests!(@names);
+
+/// The transactional behaviours of a store whose claims fail while its database works, by name.
+pub const TRANSACTIONAL_CLAIMS_FAIL: &[&str] = crate::transactional_tests!(@claims_fail_names);
 
 /// The transactional behaviours of a database with deferred constraints, by name.
 pub const TRANSACTIONAL_DEFERRED: &[&str] = crate::transactional_tests!(@deferred_names);
