@@ -591,9 +591,7 @@ where
 
     /// Delete one batch of at most `batch` of this consumer's marks older than `older_than`.
     ///
-    /// Only processed marks go: parked events are kept (replay them or keep them for the
-    /// record), and so are failed ones, whose attempts count toward parking however far apart
-    /// their redeliveries come. Returns how many rows
+    /// Parked events are kept (replay them or keep them for the record). Returns how many rows
     /// it deleted; [`sweep`](Self::sweep) calls it until the old rows are gone.
     pub async fn sweep_batch(&self, older_than: Duration, batch: u32) -> Result<u64, sqlx::Error> {
         let done = sqlx::query(AssertSqlSafe(self.statements.sweep.clone()))

@@ -93,7 +93,7 @@ RETURNING status, attempts
 DELETE FROM processed_events
 WHERE (consumer, event_id) IN (
     SELECT consumer, event_id FROM processed_events
-    WHERE consumer = $1 AND status = 'processed'
+    WHERE consumer = $1 AND status <> 'parked'
       AND processed_at <= now() - $2 * interval '1 millisecond'
     LIMIT $3
     FOR UPDATE SKIP LOCKED

@@ -111,7 +111,7 @@ RETURNING status, attempts
 DELETE FROM processed_events
 WHERE rowid IN (
     SELECT rowid FROM processed_events
-    WHERE consumer = $1 AND status = 'processed'
+    WHERE consumer = $1 AND status <> 'parked'
       AND processed_at <= "#,
         now_ms!(),
         r#" - $2
