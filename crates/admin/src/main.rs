@@ -280,13 +280,18 @@ async fn connect(cli: &Cli) -> Result<Backend, String> {
             let options: SqliteConnectOptions = url
                 .parse()
                 .map_err(|e| format!("invalid SQLite URL: {e}"))?;
-            // `migrate` makes the database file, as the layer's own `migrate` does for an
-            // application; every other verb reads one that exists.
+            // `migrate` makes the database file when there is none (a first install); every
+            // other verb reads one that exists.
             let creates = matches!(cli.command, Command::Migrate);
             let pool = SqlitePool::connect_with(options.create_if_missing(creates))
                 .await
                 .map_err(|e| {
-                    format!("cannot open SQLite: {e} (`migrate` makes a new database file)")
+                    let hint = if creates {
+                        ""
+                    } else {
+                        " (`migrate` makes a new database file)"
+                    };
+                    format!("cannot open SQLite: {e}{hint}")
                 })?;
             Ok(Backend::Sqlite(
                 SqliteStore::new(pool).with_table(cli.table.clone()),

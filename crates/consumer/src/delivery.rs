@@ -27,8 +27,9 @@ pub struct Handled<T, E> {
     /// Whether the broker says it delivered this message before.
     pub redelivered: bool,
     /// How many times the broker has delivered it, this time included, where the broker
-    /// tells: JetStream and RabbitMQ quorum queues count every delivery; a RabbitMQ classic
-    /// queue tells only of a first delivery (`Some(1)`), and flags the others `redelivered`.
+    /// tells: JetStream counts every delivery, and so do RabbitMQ quorum queues up to RabbitMQ
+    /// 4.2; a RabbitMQ classic queue tells only of a first delivery (`Some(1)`), and flags the
+    /// others `redelivered`.
     pub deliveries: Option<u64>,
     /// What the consumer did: the outcome, or why the work did not commit.
     pub result: Result<Outcome<T>, Error<E>>,

@@ -89,3 +89,16 @@ pub(crate) fn check_event_id<E>(event_id: &str) -> Result<(), Error<E>> {
     }
     Ok(())
 }
+
+/// What a failed attempt records for a work that panicked: the panic's message when it has one.
+#[cfg(any(feature = "sqlx", feature = "redis"))]
+pub(crate) fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+    match message {
+        Some(message) => format!("the work panicked: {message}"),
+        None => "the work panicked".to_owned(),
+    }
+}

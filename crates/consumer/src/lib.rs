@@ -148,7 +148,8 @@ pub trait Consumer: fmt::Debug + Send + Sync {
     ///
     /// Return `Ok` from `work` to commit, `Err` to roll back: the error comes back as
     /// [`Error::Work`] (redeliver) or, on the last allowed attempt, [`Error::Parked`]
-    /// (acknowledge). A panic rolls back too and goes on unwinding. `payload`, when given, is
+    /// (acknowledge). A panic rolls back too, counts as a failed attempt (a work that always
+    /// panics is parked at the maximum attempts) and goes on unwinding. `payload`, when given, is
     /// kept with a failed event for replaying it.
     ///
     /// The closure returns a boxed future so that it may borrow the context (the shape of

@@ -88,20 +88,20 @@ impl BrokerMessage for Delivery {
         self.redelivered
     }
 
-    /// Quorum queues count earlier deliveries in the `x-delivery-count` header; classic queues
-    /// only flag redeliveries. A delivery not flagged redelivered is the first.
+    /// A delivery not flagged redelivered is the first, whatever its headers say (a
+    /// republished or dead-lettered message may carry an old count). A redelivery from a quorum
+    /// queue counts its earlier deliveries in `x-delivery-count` (up to RabbitMQ 4.2; from 4.3
+    /// that header counts only failed deliveries, and a requeue is not one of them); a classic
+    /// queue only flags redeliveries.
     fn deliveries(&self) -> Option<u64> {
-        let earlier = self.properties.headers().as_ref().and_then(|headers| {
-            headers
-                .into_iter()
-                .find(|(name, _)| name.as_str() == "x-delivery-count")
-                .and_then(|(_, count)| whole_number(count))
-        });
-        match earlier {
-            Some(earlier) => Some(earlier.saturating_add(1)),
-            None if !self.redelivered => Some(1),
-            None => None,
+        if !self.redelivered {
+            return Some(1);
         }
+        let headers = self.properties.headers().as_ref()?;
+        let (_, earlier) = headers
+            .into_iter()
+            .find(|(name, _)| name.as_str() == "x-delivery-count")?;
+        Some(whole_number(earlier)?.saturating_add(1))
     }
 
     async fn settle(

@@ -587,3 +587,40 @@ async fn a_work_that_fails_after_its_claim_was_taken_gets_lease_lost() {
         "a failure of a lost claim is not counted"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_work_that_always_panics_is_parked_at_the_maximum_attempts() {
+    let consumer = consumer(&unique_name("consumer"))
+        .await
+        .with_max_attempts(std::num::NonZeroU32::new(2).expect("2"));
+    for _ in 0..2 {
+        let panicked = tokio::spawn({
+            let consumer = consumer.clone();
+            async move {
+                deliver(&consumer, "evt_1", LEASE, move || async move {
+                    panic!("the work panicked");
+                    #[allow(unreachable_code)]
+                    Ok::<(), std::io::Error>(())
+                })
+                .await
+            }
+        })
+        .await;
+        assert!(panicked.expect_err("the task panicked").is_panic());
+    }
+    let parked = consumer
+        .parked("evt_1")
+        .await
+        .expect("read")
+        .expect("parked");
+    assert_eq!(parked.attempts, 2);
+    assert_eq!(
+        parked.last_error.as_deref(),
+        Some("the work panicked: the work panicked")
+    );
+    let skipped = deliver(&consumer, "evt_1", LEASE, || async {
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
+    assert_eq!(skipped.expect("parked"), Outcome::Parked { attempts: 2 });
+}

@@ -181,15 +181,15 @@ widgets!(
     deferred: false
 );
 
+/// How long the first run of `POST /tx/stolen` works before its record is taken over.
+const STOLEN_RUN: Duration = Duration::from_millis(1_200);
+
 /// `POST /tx/flaky`: writes a row in the transaction; answers 503 on its first execution and 201
 /// after. `POST /tx/write`: writes a row, 201. `POST /tx/none`: never begins the transaction, 201.
 /// `POST /tx/panic`: writes a row, then panics on its first execution; 201 after.
 /// `POST /tx/stolen`: on its first execution, its record is taken over behind its back before
 /// it writes its row; 201. `POST /tx/orphan`: on its first execution, also writes a row that
 /// fails the `COMMIT` ([`Widgets::insert_orphan`]); 201.
-/// How long the first run of `POST /tx/stolen` works before its record is taken over.
-const STOLEN_RUN: Duration = Duration::from_millis(1_600);
-
 fn tx_routes<DB: Widgets>(state: AppRef, pool: sqlx::Pool<DB>) -> Router {
     async fn write<DB: Widgets>(
         State((state, pool)): State<(AppRef, sqlx::Pool<DB>)>,
@@ -380,8 +380,10 @@ where
     let (server, pool) = serve_transactional(store).await;
     let lost = send(server.post_key("/tx/stolen", "tx-4", ORDER)).await;
     // When the new holder's answer may be ready, estimated as for a duplicate in flight from
-    // the route's recent runs (this one's 1.6 s: 2 s), not the whole 30 s lease.
-    assert_eq!(lost.assert_in_flight(), 2, "{lost:?}");
+    // the route's recent runs (this one's 1.2 s and its database work: 2 s, rounded up; 3 on a
+    // slow machine), not 1 s for want of an estimate, nor the whole 30 s lease.
+    let retry_after = lost.assert_in_flight();
+    assert!((2..=3).contains(&retry_after), "{lost:?}");
     assert_eq!(server.state.executions(), 1);
     assert_eq!(
         <St::Database as Widgets>::count(&pool).await,

@@ -39,9 +39,10 @@
 //! Each operation is one Lua script on the one key, so check and write are one step:
 //!
 //! - **claim**: `SET key <fresh token> NX PX <lease>`; otherwise `done` or in progress;
-//! - **renew** (every third of the lease while the work runs) and **complete** (`SET key done PX
-//!   <retention>`) and **release** (`DEL`, when the work fails or panics) act only if the key
-//!   still holds this delivery's token.
+//! - **renew** (every third of the lease while the work runs), **complete** (`SET key done PX
+//!   <retention>`) and **fail** (when the work fails or panics: count the attempt, then `DEL`,
+//!   or park the event at the maximum attempts) act only if the key still holds this delivery's
+//!   token.
 //!
 //! A holder whose lease lapsed (a pause longer than the lease, a lost connection) cannot
 //! complete or release someone else's claim: it gets [`Error::LeaseLost`] and its work, if still
@@ -80,7 +81,6 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("claim.lua")));
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
 static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("complete.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
 static FAIL: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("fail.lua")));
 static REPLAY: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("replay.lua")));
 
@@ -145,8 +145,9 @@ where
     /// Park an event after `max_attempts` failures of its work instead of
     /// [`DEFAULT_MAX_ATTEMPTS`]: deliveries then report [`Outcome::Parked`] without running it
     /// until [`replay`](Self::replay). A parked event and its failures (the payload, the last
-    /// error) do not expire, as the SQL consumers' parked rows outlive their sweeps: an event
-    /// acknowledged at the broker as parked is never lost. (Parked events are found by id, with
+    /// error) do not expire, as the SQL consumers' parked rows outlive their sweeps, so an event
+    /// acknowledged at the broker as parked stays on record (under an `allkeys-*` eviction
+    /// policy Redis may still evict it: use `noeviction` or a `volatile-*` one). (Parked events are found by id, with
     /// [`parked`](Self::parked), and each is logged as a warning when parked; Redis keeps no
     /// list of them.)
     pub fn with_max_attempts(mut self, max_attempts: std::num::NonZeroU32) -> Self {
@@ -259,7 +260,8 @@ where
     /// `work` returns `Ok`, the event is marked done for the retention period; when it returns
     /// `Err` ([`Error::Work`]) the failure is counted and the claim released so that a
     /// redelivery runs it again, or, at the maximum attempts, the event is parked
-    /// ([`Error::Parked`]); a panic releases the claim without counting. A claim lost while the work runs cancels the work: [`Error::LeaseLost`].
+    /// ([`Error::Parked`]); a panic counts as a failed attempt too (freeing the claim) and goes
+    /// on unwinding. A claim lost while the work runs cancels the work: [`Error::LeaseLost`].
     ///
     /// If Redis fails after the work succeeded ([`Error::Redis`]), the event is not marked done:
     /// once the lease lapses a redelivery runs the work again.
@@ -314,8 +316,10 @@ where
             Ok(Ok(value)) => self.complete(&mut conn, &held, value).await,
             Ok(Err(err)) => Err(self.fail(&mut conn, &held, err).await),
             Err(panic) => {
-                self.release(&mut conn, &held.key, &held.token, event_id)
-                    .await;
+                // Counted like a failure (which frees the claim), so that a work that always
+                // panics is parked at the maximum attempts; then the panic goes on.
+                let why = crate::error::panicked(&*panic);
+                let _ = self.fail(&mut conn, &held, why).await;
                 std::panic::resume_unwind(panic)
             }
         }
@@ -407,27 +411,16 @@ where
             }
             // The claim lapsed while the work ran: not counted, as no attempt of this holder's
             // can be recorded on a claim it no longer holds.
-            Ok((status, _)) if status == "lost" => Error::LeaseLost,
+            Ok((status, _)) if status == "lost" => {
+                tracing::warn!(target: "tower_idempotency_consumer", consumer = &*self.consumer, event_id = held.event_id, error = %err, "the work failed after its claim was taken over: not counted");
+                Error::LeaseLost
+            }
             Ok(_) => Error::Work(err),
             Err(record) => {
                 // The lease lapses by itself: the redelivery only waits longer.
                 tracing::warn!(target: "tower_idempotency_consumer", consumer = &*self.consumer, event_id = held.event_id, error = %record, "recording a failed attempt failed");
                 Error::Work(err)
             }
-        }
-    }
-
-    /// Give the claim back after a failure, so that a redelivery need not wait for the lease.
-    async fn release(&self, conn: &mut C, key: &str, token: &str, event_id: &str) {
-        let released: redis::RedisResult<i64> =
-            RELEASE.key(key).arg(token).invoke_async(conn).await;
-        if let Err(err) = released {
-            // The lease lapses by itself: the redelivery only waits longer.
-            tracing::warn!(
-                target: "tower_idempotency_consumer",
-                consumer = &*self.consumer, event_id, error = %err,
-                "releasing the claim after a failed work failed",
-            );
         }
     }
 }

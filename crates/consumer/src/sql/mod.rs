@@ -66,9 +66,9 @@
 //! another; [`migrate`](SqlConsumer::migrate) creates it and records its versions in its own
 //! tracking table ([`SqlConsumer::migrations_table`]).
 
-use std::{fmt, num::NonZeroU32, sync::Arc, time::Duration};
+use std::{fmt, num::NonZeroU32, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
-use futures_util::future::BoxFuture;
+use futures_util::{future::BoxFuture, FutureExt};
 use sqlx::{
     migrate::{MigrateError, Migration, MigrationType, Migrator},
     AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row,
@@ -540,12 +540,28 @@ where
                 return Ok(Outcome::Parked { attempts });
             }
         }
-        let err = match work(&mut *tx).await {
-            Ok(value) => {
+        let err = match AssertUnwindSafe(work(&mut *tx)).catch_unwind().await {
+            Ok(Ok(value)) => {
                 tx.commit().await?;
                 return Ok(Outcome::Processed(value));
             }
-            Err(err) => err,
+            Ok(Err(err)) => err,
+            Err(panic) => {
+                // Counted like a failure, so that a work that always panics is parked at the
+                // maximum attempts instead of coming back for ever; then the panic goes on.
+                drop(tx);
+                let why = crate::error::panicked(&*panic);
+                match self.record_failure(event_id, &why, payload).await {
+                    Ok(Some((true, attempts))) => {
+                        tracing::warn!(target: "tower_idempotency_consumer", consumer = &*self.name, event_id, attempts, error = why, "event parked after its last allowed attempt");
+                    }
+                    Ok(_) => {}
+                    Err(record) => {
+                        tracing::warn!(target: "tower_idempotency_consumer", consumer = &*self.name, event_id, error = %record, "recording a panicked attempt failed");
+                    }
+                }
+                std::panic::resume_unwind(panic)
+            }
         };
         // The work's error is the one worth reporting; a failed rollback ends the transaction
         // anyway when the connection is closed or reused.

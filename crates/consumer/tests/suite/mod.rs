@@ -189,6 +189,40 @@ macro_rules! consumer_tests {
             assert_eq!(effects(&pool, "evt_1").await, vec![2]);
         }
 
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_work_that_always_panics_is_parked_at_the_maximum_attempts() {
+            let (pool, _) = $fresh().await;
+            for _ in 0..2 {
+                let panicked = tokio::spawn({
+                    let pool = pool.clone();
+                    async move {
+                        ledger(&pool)
+                            .with_max_attempts(std::num::NonZeroU32::new(2).expect("2"))
+                            .process_once_with_payload("evt_1", Some(b"boom"), |_| {
+                                Box::pin(async move {
+                                    panic!("the work panicked");
+                                    #[allow(unreachable_code)]
+                                    Ok::<i32, sqlx::Error>(1)
+                                })
+                            })
+                            .await
+                    }
+                })
+                .await;
+                assert!(panicked.expect_err("the task panicked").is_panic());
+            }
+            let parked = ledger(&pool).parked(10).await.expect("list");
+            assert_eq!(parked.len(), 1, "{parked:?}");
+            assert_eq!(parked[0].attempts, 2);
+            assert_eq!(
+                parked[0].last_error.as_deref(),
+                Some("the work panicked: the work panicked")
+            );
+            assert_eq!(parked[0].payload.as_deref(), Some(&b"boom"[..]));
+            let skipped = ledger(&pool).process_once("evt_1", record("evt_1", 3)).await;
+            assert_eq!(skipped.expect("parked"), Outcome::Parked { attempts: 2 });
+        }
+
         /// Start a first delivery whose work waits for `go` (then commits if `commit`), and a second
         /// delivery once the first holds the event; return both outcomes.
         async fn overlapping_deliveries(
