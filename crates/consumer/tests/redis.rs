@@ -171,19 +171,16 @@ async fn failures_are_counted_then_the_event_is_parked_and_replayed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_panic_releases_the_claim_and_the_redelivery_runs_it_once() {
     let consumer = consumer(&unique_name("consumer")).await;
-    let panicked = tokio::spawn({
-        let consumer = consumer.clone();
-        async move {
-            deliver(&consumer, "evt_1", LEASE, move || async move {
-                panic!("the work panicked");
-                #[allow(unreachable_code)]
-                Ok::<(), std::io::Error>(())
-            })
-            .await
-        }
+    let panicking = consumer.clone();
+    common::assert_panics(async move {
+        deliver(&panicking, "evt_1", LEASE, move || async move {
+            panic!("the work panicked");
+            #[allow(unreachable_code)]
+            Ok::<(), std::io::Error>(())
+        })
+        .await
     })
     .await;
-    assert!(panicked.expect_err("the task panicked").is_panic());
     let runs = counter();
     let retried = deliver(&consumer, "evt_1", LEASE, || send(runs)).await;
     assert_eq!(retried.expect("redelivery"), Outcome::Processed(1));
@@ -594,19 +591,16 @@ async fn a_work_that_always_panics_is_parked_at_the_maximum_attempts() {
         .await
         .with_max_attempts(std::num::NonZeroU32::new(2).expect("2"));
     for _ in 0..2 {
-        let panicked = tokio::spawn({
-            let consumer = consumer.clone();
-            async move {
-                deliver(&consumer, "evt_1", LEASE, move || async move {
-                    panic!("the work panicked");
-                    #[allow(unreachable_code)]
-                    Ok::<(), std::io::Error>(())
-                })
-                .await
-            }
+        let consumer = consumer.clone();
+        common::assert_panics(async move {
+            deliver(&consumer, "evt_1", LEASE, move || async move {
+                panic!("the work panicked");
+                #[allow(unreachable_code)]
+                Ok::<(), std::io::Error>(())
+            })
+            .await
         })
         .await;
-        assert!(panicked.expect_err("the task panicked").is_panic());
     }
     let parked = consumer
         .parked("evt_1")

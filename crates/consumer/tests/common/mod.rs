@@ -233,3 +233,17 @@ pub async fn signal_ready_and_hang() -> ! {
     std::future::pending::<()>().await;
     unreachable!("pending never completes")
 }
+
+/// Run `delivery` on a task of its own and check that it panicked (the work's panic goes on
+/// unwinding through the consumer).
+pub async fn assert_panics<F>(delivery: F)
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let ended = tokio::spawn(delivery).await;
+    assert!(
+        ended.err().is_some_and(|err| err.is_panic()),
+        "the delivery did not panic"
+    );
+}

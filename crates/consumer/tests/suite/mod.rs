@@ -167,22 +167,19 @@ macro_rules! consumer_tests {
         #[tokio::test(flavor = "multi_thread")]
         async fn a_panic_rolls_back_and_the_redelivery_runs_it_once() {
             let (pool, _) = $fresh().await;
-            let panicked = tokio::spawn({
-                let pool = pool.clone();
-                async move {
-                    ledger(&pool).process_once("evt_1", |tx| {
-                        Box::pin(async move {
-                            record("evt_1", 1)(tx).await?;
-                            panic!("the work panicked");
-                            #[allow(unreachable_code)]
-                            Ok::<i32, sqlx::Error>(1)
-                        })
+            let ledger_ = ledger(&pool);
+            common::assert_panics(async move {
+                ledger_.process_once("evt_1", |tx| {
+                    Box::pin(async move {
+                        record("evt_1", 1)(tx).await?;
+                        panic!("the work panicked");
+                        #[allow(unreachable_code)]
+                        Ok::<i32, sqlx::Error>(1)
                     })
-                    .await
-                }
+                })
+                .await
             })
             .await;
-            assert!(panicked.expect_err("the task panicked").is_panic());
 
             let retried = ledger(&pool).process_once("evt_1", record("evt_1", 2)).await;
             assert_eq!(retried.expect("redelivery"), Outcome::Processed(2));
@@ -193,23 +190,19 @@ macro_rules! consumer_tests {
         async fn a_work_that_always_panics_is_parked_at_the_maximum_attempts() {
             let (pool, _) = $fresh().await;
             for _ in 0..2 {
-                let panicked = tokio::spawn({
-                    let pool = pool.clone();
-                    async move {
-                        ledger(&pool)
-                            .with_max_attempts(std::num::NonZeroU32::new(2).expect("2"))
-                            .process_once_with_payload("evt_1", Some(b"boom"), |_| {
-                                Box::pin(async move {
-                                    panic!("the work panicked");
-                                    #[allow(unreachable_code)]
-                                    Ok::<i32, sqlx::Error>(1)
-                                })
+                let ledger_ = ledger(&pool).with_max_attempts(std::num::NonZeroU32::new(2).expect("2"));
+                common::assert_panics(async move {
+                    ledger_
+                        .process_once_with_payload("evt_1", Some(b"boom"), |_| {
+                            Box::pin(async move {
+                                panic!("the work panicked");
+                                #[allow(unreachable_code)]
+                                Ok::<i32, sqlx::Error>(1)
                             })
-                            .await
-                    }
+                        })
+                        .await
                 })
                 .await;
-                assert!(panicked.expect_err("the task panicked").is_panic());
             }
             let parked = ledger(&pool).parked(10).await.expect("list");
             assert_eq!(parked.len(), 1, "{parked:?}");
