@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Property-based API tests: schemathesis (PyPI) against the real orders API with its own
-# /openapi.json, on SQLite and on PostgreSQL (DATABASE_URL's server, a fresh database). Fails on
+# /openapi.json, on SQLite, on PostgreSQL (DATABASE_URL's server) and on MariaDB/MySQL
+# (MYSQL_URL's server), each a fresh database. Fails on
 # an undocumented status, a 5xx other than a documented 503, a response that breaks its schema,
 # or a schema-valid request refused. Bounded: a few examples per operation, about a minute each.
 #
-#   scripts/schemathesis.sh            # builds the binary, runs both databases
+#   scripts/schemathesis.sh            # builds the binary, runs the three databases
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCHEMATHESIS_VERSION=4.32.5
@@ -48,5 +49,23 @@ run_against sqlite "sqlite://$work/orders.db"
 db="tidem_schemathesis_$$"
 pg="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}"
 psql "$pg" -qc "CREATE DATABASE $db" >/dev/null
-trap 'cleanup; psql "$pg" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null' EXIT
+my="${MYSQL_URL:-mysql://root@127.0.0.1:3306/test}"
+# mysql://USER[:PASSWORD]@HOST:PORT/DB, as the tests read it.
+my_args() {
+  python3 - "$my" <<'PY'
+import sys, urllib.parse
+u = urllib.parse.urlsplit(sys.argv[1])
+args = ["-h", u.hostname or "127.0.0.1", "-P", str(u.port or 3306), "-u", urllib.parse.unquote(u.username or "root")]
+if u.password:
+    args.append("-p" + urllib.parse.unquote(u.password))
+print(" ".join(args))
+PY
+}
+drop_databases() {
+  psql "$pg" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null || true
+  mariadb $(my_args) -e "DROP DATABASE IF EXISTS $db" || true
+}
+trap 'cleanup; drop_databases' EXIT
 run_against postgres "${pg%/*}/$db"
+mariadb $(my_args) -e "CREATE DATABASE $db"
+run_against mysql "${my%/*}/$db"
