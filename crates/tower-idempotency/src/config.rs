@@ -7,7 +7,7 @@ use http::{HeaderName, Method};
 use crate::{
     error::{RejectionResponse, DEFAULT_PROBLEM_TYPE_BASE},
     fingerprint::{DefaultFingerprint, FingerprintFn},
-    key::{AuthorizationScope, ScopeFn},
+    key::{AuthorizationScope, KeyHash, ScopeFn},
     record::{DefaultSavePolicy, SavePolicy},
     retry_after::{Durations, RetryAfter},
 };
@@ -107,5 +107,18 @@ impl Config {
         (self.lease / 3)
             .min(self.ttl / 2)
             .max(Duration::from_millis(1))
+    }
+
+    /// The `Retry-After` for a duplicate of the attempt on `key`, running on `path` with
+    /// `lease_remaining`: the path's recent durations less what the attempt has run, as the
+    /// layer's [`RetryAfter`] policy says.
+    pub(crate) fn retry_after_for(
+        &self,
+        key: &KeyHash,
+        path: &str,
+        lease_remaining: Duration,
+    ) -> Duration {
+        self.durations
+            .retry_after(self.retry_after, key, path, lease_remaining)
     }
 }

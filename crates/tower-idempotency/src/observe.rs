@@ -359,6 +359,16 @@ pub fn describe_metrics() {
     }
 }
 
+/// `, grpc-status N` when the answer carries one, for the log line of a released key.
+pub(crate) fn grpc_status_note(headers: &http::HeaderMap, trailers: &http::HeaderMap) -> String {
+    trailers
+        .get("grpc-status")
+        .or_else(|| headers.get("grpc-status"))
+        .and_then(|v| v.to_str().ok())
+        .map(|code| format!(", grpc-status {code}"))
+        .unwrap_or_default()
+}
+
 /// An error and its sources, `a: b: c`, for log lines (a store error's own text says only what
 /// kind of failure it was; the cause is in its source).
 pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));

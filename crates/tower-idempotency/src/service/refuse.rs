@@ -54,10 +54,7 @@ pub(super) fn in_flight<B>(
         Outcome::InFlight,
         &"the first attempt is still running: 409",
     );
-    let retry_after =
-        config
-            .durations
-            .retry_after(config.retry_after, key_hash, path, lease_remaining);
+    let retry_after = config.retry_after_for(key_hash, path, lease_remaining);
     reject(config, Rejection::InFlight { retry_after })
 }
 

@@ -55,20 +55,6 @@ impl<St> Lease<St> {
         }
     }
 
-    /// When the attempt that took the key over may have its answer, for a 409 of a run whose
-    /// work rolled back: the recent handler durations less what that attempt has run (when it
-    /// runs in this process), at least 1 s and at most a lease, as for a duplicate in flight.
-    pub(super) fn superseded_retry_after(&self) -> std::time::Duration {
-        let config = &self.config;
-        let durations = &config.durations;
-        durations.retry_after(
-            config.retry_after,
-            &self.hold.key,
-            self.path(),
-            config.lease,
-        )
-    }
-
     /// The handler's duration, counted until this drops, for the Retry-After estimate.
     fn running(&self) -> Running<'_> {
         Running {
@@ -79,7 +65,7 @@ impl<St> Lease<St> {
         }
     }
 
-    fn path(&self) -> &str {
+    pub(super) fn path(&self) -> &str {
         self.path
             .as_ref()
             .map_or("/", http::uri::PathAndQuery::path)

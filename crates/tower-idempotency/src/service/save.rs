@@ -87,7 +87,7 @@ impl<St: Store> Lease<St> {
         Some(format!(
             "the answer (status {}{}) is not saved",
             parts.status.as_u16(),
-            grpc_status_note(&parts.headers, trailers)
+            observe::grpc_status_note(&parts.headers, trailers)
         ))
     }
 
@@ -142,6 +142,14 @@ impl<St: Store> Lease<St> {
             .flatten();
         self.report_unsaved(&failure, rejection.as_ref()).await;
         rejection
+    }
+
+    /// When the attempt that took the key over may have its answer (the 409 of a run whose
+    /// work rolled back), estimated as for a duplicate in flight on the same route.
+    fn superseded_retry_after(&self) -> Duration {
+        let lease = self.config.lease;
+        self.config
+            .retry_after_for(&self.hold.key, self.path(), lease)
     }
 
     /// One store write, tried up to [`SAVE_TRIES`] times: a save that fails leaves the work
@@ -230,14 +238,4 @@ fn parts_with(parts: &http::response::Parts, headers: HeaderMap) -> http::respon
     *response.version_mut() = parts.version;
     *response.headers_mut() = headers;
     response.into_parts().0
-}
-
-/// `, grpc-status N` when the answer carries one, for the log line of a released key.
-fn grpc_status_note(headers: &http::HeaderMap, trailers: &http::HeaderMap) -> String {
-    trailers
-        .get("grpc-status")
-        .or_else(|| headers.get("grpc-status"))
-        .and_then(|v| v.to_str().ok())
-        .map(|code| format!(", grpc-status {code}"))
-        .unwrap_or_default()
 }
