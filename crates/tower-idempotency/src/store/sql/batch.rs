@@ -213,6 +213,23 @@ pub(crate) fn duplicate_of(outcome: &ClaimOutcome, first: &Claim) -> ClaimOutcom
     }
 }
 
+/// Each entry's result once a batch's rounds stopped: its answer, kept even when a later round
+/// failed (the round that gave it committed), or for an entry no round answered, the failed
+/// round's error (each entry its own copy), else `left` (no round failed, yet none answered
+/// it). The caller fails the whole batch instead when no round answered anything.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn answers_after_rounds<T>(
+    answers: impl IntoIterator<Item = Option<Result<T, StoreError>>>,
+    failed: Option<&StoreError>,
+    left: impl Fn() -> StoreError,
+) -> Vec<Result<T, StoreError>> {
+    let unanswered = || failed.map_or_else(&left, StoreError::for_each_entry);
+    answers
+        .into_iter()
+        .map(|answer| answer.unwrap_or_else(|| Err(unanswered())))
+        .collect()
+}
+
 /// What runs one batch of one kind of operation against the database.
 pub(crate) trait Runner: Send + Sync + 'static {
     /// One queued operation.

@@ -23,7 +23,7 @@ use super::{
     BatchConnection, BatchConnections, Codec, CHANNEL, CLAIM_ATTEMPTS,
 };
 use crate::store::sql::{
-    batch::{duplicate_of, Runner},
+    batch::{answers_after_rounds, duplicate_of, Runner},
     millis,
     prelude::*,
 };
@@ -485,15 +485,11 @@ impl Runner for ClaimsAndSaves {
         } else {
             self.connections.park(connection);
         }
-        let unanswered = || match &failed {
-            Some(err) => err.for_each_entry(),
-            None => super::raced(),
-        };
-        Ok(answers
-            .answers
-            .into_iter()
-            .map(|answer| answer.unwrap_or_else(|| Err(unanswered())))
-            .collect())
+        Ok(answers_after_rounds(
+            answers.answers,
+            failed.as_ref(),
+            super::raced,
+        ))
     }
 
     /// A claim won for a request that is gone: release it now rather than leave the key to its

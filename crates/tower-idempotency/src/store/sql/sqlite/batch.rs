@@ -25,7 +25,7 @@ use sqlx::{
 use super::{checkpoint::Checkpointer, queries::Queries, BatchConnections, Codec};
 use crate::key::push_hex;
 use crate::store::sql::{
-    batch::{duplicate_of, Runner},
+    batch::{answers_after_rounds, duplicate_of, Runner},
     millis,
     prelude::*,
 };
@@ -173,17 +173,17 @@ impl Runner for Writes {
                 (self.announce)(&hold.key);
             }
         }
-        let unanswered = || match &failed {
-            Some(err) => err.for_each_entry(),
-            None => StoreError::new(
+        let left = || {
+            StoreError::new(
                 StoreErrorKind::Backend,
                 "a batched write was left unanswered",
-            ),
+            )
         };
-        Ok(answers
-            .into_iter()
-            .map(|answer| answer.ok_or_else(unanswered))
-            .collect())
+        Ok(answers_after_rounds(
+            answers.into_iter().map(|answer| answer.map(Ok)),
+            failed.as_ref(),
+            left,
+        ))
     }
 
     fn failed(&self) {
