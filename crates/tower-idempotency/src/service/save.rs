@@ -9,6 +9,7 @@ use http::{HeaderMap, Response};
 use super::{refuse::reject, run::Lease};
 use crate::{
     body::ResponseBody,
+    config::Config,
     error::Rejection,
     mode::{Mode, Save, SaveFailure},
     not_processed::NotProcessed,
@@ -30,7 +31,7 @@ impl<St: Store> Lease<St> {
         body: Bytes,
         trailers: HeaderMap,
     ) -> Response<ResponseBody<B>> {
-        if let Some(why) = self.not_to_save(&parts, &trailers) {
+        if let Some(why) = not_to_save(&self.config, &parts, &trailers) {
             self.give_up::<M>(run_state, &why).await;
         } else if let Some(rejection) = self.save::<M>(run_state, &parts, &body, &trailers).await {
             return reject(&self.config, rejection);
@@ -52,7 +53,7 @@ impl<St: Store> Lease<St> {
         rest: Pin<Box<ResBody>>,
     ) -> Response<ResponseBody<ResBody>> {
         // The trailers come after the body: the policy sees none.
-        if let Some(why) = self.not_to_save(&parts, &HeaderMap::new()) {
+        if let Some(why) = not_to_save(&self.config, &parts, &HeaderMap::new()) {
             self.give_up::<M>(run_state, &why).await;
         } else {
             let mut headers = parts.headers.clone();
@@ -72,23 +73,6 @@ impl<St: Store> Lease<St> {
             }
         }
         Response::from_parts(parts, ResponseBody::prefixed(prefix, rest))
-    }
-
-    /// Why the answer is not to be saved (the key is released instead), if it is not: the handler
-    /// marked it [`NotProcessed`], or the save policy refuses it.
-    fn not_to_save(&self, parts: &http::response::Parts, trailers: &HeaderMap) -> Option<String> {
-        if parts.extensions.get::<NotProcessed>().is_some() {
-            return Some("the handler marked its answer NotProcessed".to_owned());
-        }
-        let policy = &self.config.save;
-        if policy.should_save_response(parts, trailers) {
-            return None;
-        }
-        Some(format!(
-            "the answer (status {}{}) is not saved",
-            parts.status.as_u16(),
-            observe::grpc_status_note(&parts.headers, trailers)
-        ))
     }
 
     /// Save the answer (fenced by the token): with the handler's work when the mode has a
@@ -228,6 +212,27 @@ impl<St: Store> Lease<St> {
             ),
         }
     }
+}
+
+/// Why an answer is not to be saved (a claimed run's key is released instead, an unguarded
+/// run's transaction rolled back), if it is not: the handler marked it [`NotProcessed`], or
+/// the save policy refuses it.
+pub(super) fn not_to_save(
+    config: &Config,
+    parts: &http::response::Parts,
+    trailers: &HeaderMap,
+) -> Option<String> {
+    if parts.extensions.get::<NotProcessed>().is_some() {
+        return Some("the handler marked its answer NotProcessed".to_owned());
+    }
+    if config.save.should_save_response(parts, trailers) {
+        return None;
+    }
+    Some(format!(
+        "the answer (status {}{}) is not saved",
+        parts.status.as_u16(),
+        observe::grpc_status_note(&parts.headers, trailers)
+    ))
 }
 
 /// The status and version of `parts` with other headers (and no extensions, which are not

@@ -1,7 +1,8 @@
 //! The handler without a claim: a request without a key on an [`optional`] layer, or one let
 //! through by [`fail_open`] when the store failed. In a transactional mode the handler still
 //! gets its transaction, and it ends as a claimed run's would: committed when the answer is
-//! one the layer saves, rolled back when it is not (a 503, a [`NotProcessed`] answer).
+//! one the layer saves, rolled back when it is not (a 503, a
+//! [`NotProcessed`](crate::NotProcessed) answer).
 //!
 //! [`optional`]: crate::Idempotency::optional
 //! [`fail_open`]: crate::Idempotency::fail_open
@@ -12,12 +13,12 @@ use tower_service::Service;
 use super::{
     bundle::{Answer, Flow, SharedOf},
     refuse::reject,
+    save::not_to_save,
 };
 use crate::{
     body::{RequestBody, ResponseBody},
     error::Rejection,
     mode::Mode,
-    not_processed::NotProcessed,
     observe::{self, Outcome, RequestRecord},
     store::StoreError,
 };
@@ -48,11 +49,7 @@ pub(super) async fn run_unguarded<F: Flow>(
 ) -> Answer<F> {
     let run = F::Mode::begin_unguarded(&layer.store, req.extensions_mut());
     let (parts, body) = inner.call(req).await?.into_parts();
-    let keep = parts.extensions.get::<NotProcessed>().is_none()
-        && layer
-            .config
-            .save
-            .should_save_response(&parts, &HeaderMap::new());
+    let keep = not_to_save(&layer.config, &parts, &HeaderMap::new()).is_none();
     if let Err(err) = F::Mode::end_unguarded(run, keep, layer.config.store_timeout).await {
         return Ok(reject(&layer.config, Rejection::for_store_error(&err)));
     }
