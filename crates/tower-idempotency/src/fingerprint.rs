@@ -15,11 +15,12 @@
 //!   `{ "b":2, "a":1 }` are the same request. So is a body without `Content-Type` that parses as
 //!   JSON, since handlers commonly read those as JSON too.
 //! - A JSON body holding a number that a 64-bit float cannot tell from its neighbours (more
-//!   than 15 significant digits, an integer beyond the 64-bit ones, an exponent of 100 or more,
-//!   unless the number is written as the float's shortest form, as JavaScript writes
-//!   `0.30000000000000004`) is hashed as its raw bytes instead: canonicalised, `{"amount":1.000000000000000001}` and
-//!   `{"amount":1}` would be the same request, and a handler that reads decimals exactly would
-//!   see two. Two such bodies are the same request only byte for byte.
+//!   than 15 digits, an integer beyond the 64-bit ones, an exponent of 100 or more, unless the
+//!   number is written as the float's shortest form, as JavaScript writes
+//!   `0.30000000000000004`) is hashed as its raw bytes instead: canonicalised,
+//!   `{"amount":1.000000000000000001}` and `{"amount":1}` would be the same request, and a
+//!   handler that reads decimals exactly would see two. Two such bodies are the same request
+//!   only byte for byte.
 //! - Any other body is hashed as its raw bytes.
 
 use std::fmt;
@@ -235,10 +236,11 @@ fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 }
 
 /// Whether the JSON text `body` holds a number that parses to a float standing for more than
-/// one literal: with more than 15 significant digits (what a 64-bit float holds exactly), an
-/// integer past `i64`/`u64` (parsed as a float), or an exponent of 100 or more (near the float's
-/// limits), and not the shortest writing of the float it parses to ([`round_trips`]). Numbers inside strings do not count; text that is not JSON may answer either way,
-/// since it is hashed raw anyway.
+/// one literal: with more than 15 digits (what a 64-bit float holds exactly), an integer past
+/// `i64`/`u64` (parsed as a float), or an exponent of 100 or more (near the float's limits),
+/// and not the shortest writing of the float it parses to ([`round_trips`]). Numbers inside
+/// strings do not count; text that is not JSON may answer either way, since it is hashed raw
+/// anyway.
 fn has_inexact_number(body: &[u8]) -> bool {
     let mut at = 0;
     let mut in_string = false;
@@ -305,10 +307,10 @@ fn number_at(body: &[u8], start: usize) -> (bool, usize) {
     (suspect && !round_trips(&body[start..at]), at)
 }
 
-/// Whether the number `literal` has the value of the float serde_json parses it to, written with the
-/// fewest digits that parse back to it (Rust's `{:e}`), as JavaScript and most serialisers write
-/// floats: then no literal of another value parses to the same float, and the canonical form
-/// loses nothing. `0.30000000000000004` does; `1.000000000000000001` (parsed as `1`) does not.
+/// Whether the number `literal` has the value of the float serde_json parses it to, written
+/// with the fewest digits that parse back to it (Rust's `{:e}`), as JavaScript and most
+/// serialisers write floats: then no literal of another value parses to the same float, and
+/// the canonical form loses nothing. `0.30000000000000004` does; `1.000000000000000001` (parsed as `1`) does not.
 fn round_trips(literal: &[u8]) -> bool {
     // Parsed as the canonical form parses it: serde_json's reading of a long literal may be
     // an ulp off the nearest float, and then the literal does not round-trip.

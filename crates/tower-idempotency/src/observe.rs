@@ -2,8 +2,9 @@
 //!
 //! Events are emitted under the target `tower_idempotency`, inside a span named `idempotency`
 //! per guarded request. The span carries the scoped key hash (`idempotency.key_hash`, 64 hex
-//! digits as the operator tools take them; never the raw key, the scope or the body), the OpenTelemetry HTTP fields `http.request.method`,
-//! `http.route`, `url.path` and `http.response.status_code`, and the request's final `outcome`.
+//! digits as the operator tools take them; never the raw key, the scope or the body), the
+//! OpenTelemetry HTTP fields `http.request.method`, `http.route`, `url.path` and
+//! `http.response.status_code`, and the request's final `outcome`.
 //!
 //! `http.route` is the route that matched, such as `/orders/{id}`: axum's `MatchedPath` (with the
 //! `axum` feature, under `route_layer` or a layer on the route), else [`UNKNOWN_ROUTE`]. Metrics

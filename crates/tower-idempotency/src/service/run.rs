@@ -65,10 +65,9 @@ impl<St> Lease<St> {
         }
     }
 
+    /// The request's path, as `Uri::path` gives it (empty in authority form).
     pub(super) fn path(&self) -> &str {
-        self.path
-            .as_ref()
-            .map_or("/", http::uri::PathAndQuery::path)
+        self.path.as_ref().map_or("", http::uri::PathAndQuery::path)
     }
 }
 
