@@ -127,8 +127,8 @@ pub async fn process_message<C: Consumer, T: Send, E: fmt::Display + Send>(
 /// [`Error::MissingEventId`]) or with one no store can record ([`Error::InvalidEventId`]). The
 /// payload is kept with a failed event, for [replaying](crate::sql::SqlConsumer::replay) it.
 ///
-/// A work that panics is rolled back, its message requeued after [`REQUEUE_PAUSE`], and the
-/// panic goes on unwinding to the caller.
+/// A work that panics is rolled back and counted as a failed attempt, its message requeued
+/// after [`REQUEUE_PAUSE`], and the panic goes on unwinding to the caller.
 pub async fn process_message_as<C, T, E, M, F>(
     consumer: &C,
     message: &M,
@@ -158,9 +158,10 @@ where
             let result = match AssertUnwindSafe(processing).catch_unwind().await {
                 Ok(result) => result,
                 Err(panic) => {
-                    // The work's attempt rolled back (or its claim was released) as it unwound.
-                    // Without a settlement the broker would hold the delivery until the channel
-                    // closes (RabbitMQ) or the ack wait ends (JetStream): hand it back now.
+                    // The work's attempt was rolled back and counted as it unwound. Without a
+                    // settlement the broker would hold the delivery until the channel closes
+                    // (RabbitMQ) or the ack wait ends (JetStream): hand it back now (a parked
+                    // event's next delivery is then acked).
                     if let Err(err) = message
                         .settle(Settlement::Requeued, crate::REQUEUE_PAUSE)
                         .await

@@ -31,8 +31,9 @@
 //! name and the event id (so any id is a safe key) and the braces are literal: they are the
 //! key's Redis Cluster hash tag. Its value is the holder's token (a UUID) while the work runs,
 //! expiring with the lease, then `done`, expiring after the [retention](RedisConsumer::with_retention),
-//! or `parked` after [too many failures](RedisConsumer::with_max_attempts), kept until replayed. Failed attempts and
-//! the last error live in the hash `<prefix>:{<hex>}:failures`, in the same slot.
+//! or `parked` after [too many failures](RedisConsumer::with_max_attempts), kept until
+//! replayed. Failed attempts and the last error live in the hash `<prefix>:{<hex>}:failures`, in
+//! the same slot.
 //!
 //! # Fencing
 //!
