@@ -35,7 +35,7 @@ pub enum Error<E> {
     #[cfg(feature = "sqlx")]
     #[error("the processed-events database failed")]
     Database(#[source] sqlx::Error),
-    /// Redis failed: the claim, a lease renewal, the completion or the release.
+    /// Redis failed: the claim or the completion.
     #[cfg(feature = "redis")]
     #[error("the processed-events Redis failed")]
     Redis(#[source] redis::RedisError),

@@ -380,7 +380,7 @@ where
     let (server, pool) = serve_transactional(store).await;
     let lost = send(server.post_key("/tx/stolen", "tx-4", ORDER)).await;
     // When the new holder's answer may be ready, estimated as for a duplicate in flight from
-    // the route's recent runs (this one's 1.2 s and its database work: 2 s, rounded up; 3 on a
+    // the path's recent runs (this one's 1.2 s and its database work: 2 s, rounded up; 3 on a
     // slow machine), not 1 s for want of an estimate, nor the whole 30 s lease.
     let retry_after = lost.assert_in_flight();
     assert!((2..=3).contains(&retry_after), "{lost:?}");

@@ -262,7 +262,8 @@ where
     /// `Err` ([`Error::Work`]) the failure is counted and the claim released so that a
     /// redelivery runs it again, or, at the maximum attempts, the event is parked
     /// ([`Error::Parked`]); a panic counts as a failed attempt too (freeing the claim) and goes
-    /// on unwinding. A claim lost while the work runs cancels the work: [`Error::LeaseLost`].
+    /// on unwinding. A claim lost while the work runs cancels the work, and an `Err` returned
+    /// after the claim was taken over is not counted: both are [`Error::LeaseLost`].
     ///
     /// If Redis fails after the work succeeded ([`Error::Redis`]), the event is not marked done:
     /// once the lease lapses a redelivery runs the work again.

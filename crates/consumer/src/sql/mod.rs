@@ -56,9 +56,10 @@
 //! # }
 //! ```
 //!
-//! Attempts count failures the work reported. A process that crashes in the middle of the work
-//! records nothing (its transaction is gone); bound such crash loops with the broker's own
-//! delivery limit (RabbitMQ quorum queues' `x-delivery-limit`, JetStream's `max_deliver`).
+//! Attempts count failures the work reported, and its panics. A process that crashes in the
+//! middle of the work records nothing (its transaction is gone); bound such crash loops with the
+//! broker's own delivery limit (RabbitMQ quorum queues' `x-delivery-limit`, JetStream's
+//! `max_deliver`).
 //!
 //! # Table
 //!

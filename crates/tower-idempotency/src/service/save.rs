@@ -129,7 +129,7 @@ impl<St: Store> Lease<St> {
     }
 
     /// When the attempt that took the key over may have its answer (the 409 of a run whose
-    /// work rolled back), estimated as for a duplicate in flight on the same route.
+    /// work rolled back), estimated as for a duplicate in flight on the same path.
     fn superseded_retry_after(&self) -> Duration {
         let lease = self.config.lease;
         self.config
