@@ -235,6 +235,20 @@ fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
     serde_json::to_writer(&mut *out, value).expect("a JSON scalar always serialises");
 }
 
+/// A string as [`write_scalar`] writes it. One borrowed from the body had no escapes there, and
+/// the parser refuses raw control characters, so it holds nothing the serialiser would escape:
+/// its canonical form is its own bytes in quotes, copied without a second scan.
+fn write_string(text: &std::borrow::Cow<'_, str>, out: &mut Vec<u8>) {
+    match text {
+        std::borrow::Cow::Borrowed(raw) => {
+            out.push(b'"');
+            out.extend_from_slice(raw.as_bytes());
+            out.push(b'"');
+        }
+        std::borrow::Cow::Owned(text) => write_scalar(text.as_str(), out),
+    }
+}
+
 /// Whether the JSON text `body` holds a number that parses to a float standing for more than
 /// one literal: with more than 15 digits (what a 64-bit float holds exactly), an integer past
 /// `i64`/`u64` (parsed as a float), or an exponent of 100 or more (near the float's limits),
@@ -423,6 +437,11 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
         Ok(())
     }
 
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<(), E> {
+        write_string(&std::borrow::Cow::Borrowed(v), self.0);
+        Ok(())
+    }
+
     fn visit_unit<E>(self) -> Result<(), E> {
         self.0.extend_from_slice(b"null");
         Ok(())
@@ -475,7 +494,7 @@ impl<'de> serde::de::Visitor<'de> for Canonical<'_> {
             if count > 0 {
                 out.push(b',');
             }
-            write_scalar(key.as_ref(), out);
+            write_string(&key, out);
             out.push(b':');
             let value_start = out.len();
             map.next_value_seed(Canonical(&mut *out, self.1))?;
@@ -540,7 +559,7 @@ fn write_object(out: &mut Vec<u8>, mut members: Vec<Member<'_>>, scratch: &[u8])
             out.push(b',');
         }
         first = false;
-        write_scalar(key.as_ref(), out);
+        write_string(&key, out);
         out.push(b':');
         out.extend_from_slice(&scratch[value.clone()]);
     }
@@ -753,6 +772,9 @@ mod tests {
             Just("-0.0".to_owned()),
             Just("12345678901234567890123".to_owned()),
             Just(r#""\u00e9\n\ud83d\ude00\/""#.to_owned()),
+            // Raw (unescaped) text the parser lends: DEL, non-ASCII, `/`, in values and names.
+            Just("\"a\u{7f}é😀/<>\"".to_owned()),
+            Just("{ \"é\u{7f}😀\" : \"z\", \"a/b\" : 1 }".to_owned()),
         ];
         leaf.prop_recursive(3, 32, 5, |inner| {
             prop_oneof![

@@ -156,12 +156,21 @@ where
         }
         let record = RequestRecord::new(req.method(), req.uri().path(), observe::route_of(&req));
         let finish_on_drop = FinishOnDrop::new(record.clone());
-        let flow = flow::handle::<Bundle<S, St, M, ReqBody, ResBody>>(inner, layer, req, record);
+        let flow = made_in_its_box(|| {
+            flow::handle::<Bundle<S, St, M, ReqBody, ResBody>>(inner, layer, req, record)
+        });
         ResponseFuture {
-            inner: Some(Box::pin(flow)),
+            inner: Some(flow),
             finish_on_drop: Some(finish_on_drop),
         }
     }
+}
+
+/// `make()`'s value in a box allocated before it is made, so that it is made in place: `Box::pin`
+/// takes a value already made, and copies it in (the flow's future is a few kilobytes).
+fn made_in_its_box<T>(make: impl FnOnce() -> T) -> Pin<Box<T>> {
+    let room = Box::new_uninit();
+    Box::into_pin(Box::write(room, make()))
 }
 
 /// What the response future answers.
