@@ -53,7 +53,7 @@ async fn expire_soon(conn: &mut redis::aio::MultiplexedConnection, key: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_takeover_does_not_extend_the_key_pttl() {
+async fn a_takeover_extends_the_key_pttl_only_to_its_lease() {
     let store = store().await;
     let mut conn = raw().await;
     let key = random_key();
@@ -73,8 +73,12 @@ async fn a_takeover_does_not_extend_the_key_pttl() {
         .unwrap();
 
     tokio::time::sleep(Duration::from_millis(300)).await; // the lapse under test
+                                                          // A lease that ends before the expiry leaves it as it was.
     assert_eq!(
-        store.claim(&claim_of(key, "a", LONG, DAY)).await.unwrap(),
+        store
+            .claim(&claim_of(key, "a", Duration::from_secs(1), DAY))
+            .await
+            .unwrap(),
         ClaimOutcome::Claimed { taken_over: true }
     );
     let after = pttl(&mut conn, &name).await;
@@ -89,6 +93,31 @@ async fn a_takeover_does_not_extend_the_key_pttl() {
         .await
         .unwrap();
     assert_eq!(expires_after, expires_at);
+
+    // A lease that runs past it moves the expiry, and the key's own expiry, to its end: the
+    // record does not expire (nor is it evicted) under a live holder.
+    let key = random_key();
+    let name = store.record_key(&key);
+    let short = Duration::from_millis(200);
+    store
+        .claim(&claim_of(key, "a", short, Duration::from_millis(400)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        store.claim(&claim_of(key, "a", LONG, DAY)).await.unwrap(),
+        ClaimOutcome::Claimed { taken_over: true }
+    );
+    let after = pttl(&mut conn, &name).await;
+    assert!(after > 59_000 && after <= 60_000, "pttl {after}");
+    let (lease_until, expires_at): (i64, i64) = redis::cmd("HMGET")
+        .arg(&name)
+        .arg("lease_until")
+        .arg("expires_at")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(expires_at, lease_until);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

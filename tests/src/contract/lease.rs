@@ -84,8 +84,9 @@ pub async fn a_takeover_keeps_the_original_expiry<S: Store>(store: S) {
     let started = Instant::now(); // the lease and the expiry count from before this
 
     until(started + lease + MARGIN).await;
-    // The takeover asks for a day; the record must keep its original expiry.
-    let new = claim_of(first.key, "a", LONG, DAY);
+    // The takeover asks for a day; the record must keep its original expiry (its new lease
+    // ends before that).
+    let new = claim_of(first.key, "a", lease, DAY);
     assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
     assert_eq!(
         store.complete(&new.hold(), &response()).await.unwrap(),
@@ -99,6 +100,36 @@ pub async fn a_takeover_keeps_the_original_expiry<S: Store>(store: S) {
         store.claim(&other).await.unwrap(),
         claimed(false),
         "the record expired at the first claim's expiry"
+    );
+}
+
+/// A takeover whose new lease runs past the original expiry moves the expiry with it, as a
+/// renewal does: the record does not expire under its live holder, so another request (another
+/// body too) finds it in flight, not expired and free to claim afresh.
+pub async fn a_takeover_does_not_expire_under_its_holder<S: Store>(store: S) {
+    let (lease, ttl) = (Duration::from_millis(200), Duration::from_millis(400));
+    let first = claim_of(random_key(), "a", lease, ttl);
+    assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
+    let started = Instant::now(); // the lease and the expiry count from before this
+
+    until(started + lease + MARGIN).await;
+    let new = claim_of(first.key, "a", LONG, DAY);
+    assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
+
+    until(started + ttl + MARGIN).await;
+    assert!(
+        is_in_flight(&store.claim(&retry_of(&first)).await.unwrap()),
+        "the taken-over record outlives its original expiry while its lease runs"
+    );
+    let other = claim_of(first.key, "other", LONG, DAY);
+    assert_eq!(
+        store.claim(&other).await.unwrap(),
+        ClaimOutcome::Mismatch,
+        "another body finds the live record, not an expired one"
+    );
+    assert_eq!(
+        store.complete(&new.hold(), &response()).await.unwrap(),
+        Fenced::Applied
     );
 }
 

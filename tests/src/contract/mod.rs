@@ -56,6 +56,7 @@ macro_rules! store_contract_tests {
             a_lapsed_lease_is_taken_over_and_fences_the_old_holder,
             concurrent_takeovers_have_exactly_one_winner,
             a_takeover_keeps_the_original_expiry,
+            a_takeover_does_not_expire_under_its_holder,
             renew_extends_the_lease,
             an_expired_record_can_be_claimed_by_another_request,
             concurrent_claims_of_an_expired_record_have_exactly_one_winner,

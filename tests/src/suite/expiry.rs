@@ -31,8 +31,9 @@ pub async fn takeover_keeps_the_original_expiry<St: Store, F: Flavour<St>>(store
     const DEAD_LEASE: Duration = Duration::from_millis(200);
     const ORIGINAL_TTL: Duration = Duration::from_millis(1200);
     let store = Arc::new(store);
-    // the layer's own retention is a day: only the original claim's expiry can free the key
-    let server = serve(F::from_shared(store.clone())).await;
+    // the layer's own retention is a day: only the original claim's expiry can free the key (the
+    // takeover's lease ends before it, so it does not move it)
+    let server = serve(F::from_shared(store.clone()).with_lease(Duration::from_millis(300))).await;
     let outcome = store
         .claim(&new_claim(
             key_hash("expiry-1"),

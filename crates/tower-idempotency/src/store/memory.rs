@@ -153,10 +153,12 @@ impl Record {
                 lease_remaining: *lease_until - now,
             },
             State::Running { .. } => {
+                let lease_until = now + claim.lease;
                 self.token = claim.token;
-                self.state = State::Running {
-                    lease_until: now + claim.lease,
-                };
+                self.state = State::Running { lease_until };
+                // The new holder is live: the record does not expire before its lease, as
+                // after a renewal.
+                self.expires_at = self.expires_at.max(lease_until);
                 ClaimOutcome::Claimed { taken_over: true }
             }
         }

@@ -110,7 +110,8 @@ pub trait Store: fmt::Debug + Send + Sync + 'static {
     ///   expiry; return [`ClaimOutcome::Claimed`].
     /// - a record with another fingerprint (any state, not expired): [`ClaimOutcome::Mismatch`].
     /// - `running`, same fingerprint, lease lapsed: take it over (new token, new lease, original
-    ///   expiry); `Claimed { taken_over: true }`.
+    ///   expiry, moved to the end of the new lease if it comes sooner, as [`renew`](Self::renew)
+    ///   does: the new holder is live); `Claimed { taken_over: true }`.
     /// - `running`, same fingerprint, lease valid: [`ClaimOutcome::InFlight`] with the time left.
     /// - `done`, same fingerprint: [`ClaimOutcome::Done`] with the saved response.
     fn claim(&self, claim: &Claim)

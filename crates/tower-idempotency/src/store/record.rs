@@ -108,7 +108,8 @@ pub struct Claim {
     pub token: FencingToken,
     /// How long the claim stays valid without a renewal.
     pub lease: Duration,
-    /// How long the record is kept, counted from its creation. A takeover keeps the original expiry.
+    /// How long the record is kept, counted from its creation. A takeover keeps the original
+    /// expiry, unless its new lease runs past it: a record does not expire under a live holder.
     pub ttl: Duration,
 }
 

@@ -11,7 +11,13 @@ if (fp or state or rec[3] or rec[4]) and not (expires_at and expires_at <= now) 
   -- the key is already its own.
   if rec[8] == ARGV[2] and lease_until > now then return {'claimed', 0} end
   if lease_until > now then return {'inflight', lease_until - now} end
-  redis.call('HSET', KEYS[1], 'token', ARGV[2], 'lease_until', now + tonumber(ARGV[3]))
+  local lease = now + tonumber(ARGV[3])
+  redis.call('HSET', KEYS[1], 'token', ARGV[2], 'lease_until', lease)
+  -- The new holder is live: the record does not expire before its lease, as after a renewal.
+  if expires_at < lease then
+    redis.call('HSET', KEYS[1], 'expires_at', lease)
+    redis.call('PEXPIREAT', KEYS[1], lease)
+  end
   return {'claimed', 1}
 end
 local exp = now + tonumber(ARGV[4])

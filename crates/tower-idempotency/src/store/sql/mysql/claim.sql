@@ -11,7 +11,8 @@
 -- it to the later assignments of the same statement. The codes:
 --   1  expired: claimed afresh, by any fingerprint
 --   2  running, lease lapsed, same fingerprint: taken over (new token and lease, original
---      created_at and expires_at)
+--      created_at and expires_at, the latter moved to the new lease's end if that is later:
+--      a record does not expire under a live holder)
 --   3  another fingerprint: mismatch
 --   4  done: the store reads the saved response with its consistent read
 --   5 + the lease left in milliseconds: running under a valid lease, in flight
@@ -58,4 +59,5 @@ ON DUPLICATE KEY UPDATE
     body        = IF(LAST_INSERT_ID() = 1, NULL, body),
     created_at  = IF(LAST_INSERT_ID() = 1, VALUES(created_at), created_at),
     lease_until = IF(LAST_INSERT_ID() <= 2, VALUES(lease_until), lease_until),
-    expires_at  = IF(LAST_INSERT_ID() = 1, VALUES(expires_at), expires_at)
+    expires_at  = IF(LAST_INSERT_ID() = 1, VALUES(expires_at),
+                     IF(LAST_INSERT_ID() = 2, GREATEST(expires_at, VALUES(lease_until)), expires_at))

@@ -4,7 +4,8 @@
 /// The upsert of a claim (`INSERT INTO idempotency_records AS r .. ON CONFLICT`): a record
 /// that expired is claimed afresh (any fingerprint, new `created_at` and expiry); one running
 /// with a lapsed lease and the same fingerprint is taken over (new token and lease, original
-/// `created_at` and expiry); any other is left alone. Shared by the one-key claim
+/// `created_at` and expiry, the expiry moved to the new lease's end if that is later); any other
+/// is left alone. Shared by the one-key claim
 /// ([`claim_sql!`]) and the batched one ([`CLAIM_MANY`](super::batch::CLAIM_MANY)), so the two
 /// decide alike.
 macro_rules! take_over_sql {
@@ -13,7 +14,8 @@ macro_rules! take_over_sql {
             take_over_set!(),
             r#"    watched     = r.watched AND r.expires_at > now(),
         created_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.created_at ELSE r.created_at END,
-        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at ELSE r.expires_at END
+        expires_at  = CASE WHEN r.expires_at <= now() THEN EXCLUDED.expires_at
+                           ELSE GREATEST(r.expires_at, EXCLUDED.lease_until) END
     WHERE r.expires_at <= now()
        OR (r.state = 'running' AND r.lease_until <= now() AND r.fingerprint = EXCLUDED.fingerprint)
 "#
@@ -34,7 +36,8 @@ pub(super) use take_over_sql;
 ///
 /// Otherwise `claimed` inserts the record, or overwrites it when it has expired (a fresh claim,
 /// any fingerprint) or when it is running with a lapsed lease and the same fingerprint (a
-/// takeover: new token and lease, original `created_at` and `expires_at`). `created_at <> now()`
+/// takeover: new token and lease, original `created_at` and `expires_at`, the latter at least the
+/// new lease's end). `created_at <> now()`
 /// in its `RETURNING` tells a takeover from a fresh claim: a fresh claim writes `now()`, a
 /// takeover keeps a `created_at` at least one lease older. The decision to run the handler is
 /// made only here, under the primary key's conflict check, never by the unlocked read.

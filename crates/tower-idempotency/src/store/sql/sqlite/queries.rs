@@ -89,7 +89,8 @@ WHERE true
 "#,
         take_over_set!(),
         r#"    created_at  = iif(r.expires_at <= excluded.created_at, excluded.created_at, r.created_at),
-    expires_at  = iif(r.expires_at <= excluded.created_at, excluded.expires_at, r.expires_at)
+    expires_at  = iif(r.expires_at <= excluded.created_at, excluded.expires_at,
+                      max(r.expires_at, excluded.lease_until))
 WHERE r.expires_at <= excluded.created_at
    OR (r.state = 'running' AND r.lease_until <= excluded.created_at
        AND r.fingerprint = excluded.fingerprint)
