@@ -37,7 +37,7 @@ use std::{
     fmt,
     future::Future,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
     time::Duration,
@@ -103,8 +103,11 @@ impl Batching {
         self
     }
 
-    /// At most `operations` wait in the queue (at least 1); one more is refused at once with
-    /// [`StoreErrorKind::Full`], which the layer answers 503 with `Retry-After`.
+    /// At most `operations` wait in the queue (at least 1); one more claim is refused at once
+    /// with [`StoreErrorKind::Full`], which the layer answers 503 with `Retry-After`, before
+    /// its handler runs. What follows a claim already made (its save, renewals and release) is
+    /// never refused: refusing it would lose a handler's answer or its lease. Those wait past
+    /// the bound, and there are never more of them than requests holding a claim.
     pub fn queue(mut self, operations: usize) -> Self {
         self.queue = operations.max(1);
         self
@@ -259,6 +262,13 @@ pub(crate) trait Runner: Send + Sync + 'static {
     /// The whole batch failed (a lost connection, a timeout): a runner on connections of its
     /// own may stop trusting the idle ones.
     fn failed(&self) {}
+
+    /// Whether a full queue may refuse `entry`: a new claim may (nothing has run for it yet);
+    /// the save, renewal or release of a claim already held may not.
+    fn refusable(entry: &Self::Entry) -> bool {
+        let _ = entry;
+        true
+    }
 }
 
 struct Pending<R: Runner> {
@@ -272,7 +282,10 @@ pub(crate) struct Batcher<R: Runner> {
     settings: Batching,
     counters: Arc<Counters>,
     /// The queue to the driver task; started on first use, and again if its runtime went away.
-    queue: Mutex<Option<mpsc::Sender<Pending<R>>>>,
+    /// Unbounded as a channel: `queued` bounds what [`Runner::refusable`] lets it refuse.
+    queue: Mutex<Option<mpsc::UnboundedSender<Pending<R>>>>,
+    /// Operations in the queue, not yet taken into a batch.
+    queued: Arc<AtomicUsize>,
     /// The pipeline's slots, one per batch in the database.
     slots: Arc<Semaphore>,
 }
@@ -292,6 +305,7 @@ impl<R: Runner> Batcher<R> {
             settings,
             counters,
             queue: Mutex::new(None),
+            queued: Arc::default(),
             slots: Arc::new(Semaphore::new(settings.pipeline)),
         }
     }
@@ -323,37 +337,41 @@ impl<R: Runner> Batcher<R> {
 
     /// Nothing is queued (or the queue is not started yet).
     fn idle(&self) -> bool {
-        lock(&self.queue)
-            .as_ref()
-            .is_none_or(|sender| sender.capacity() == sender.max_capacity())
+        self.queued.load(Ordering::Relaxed) == 0
     }
 
     fn enqueue(&self, pending: Pending<R>) -> Result<(), StoreError> {
         let mut queue = lock(&self.queue);
+        if R::refusable(&pending.entry)
+            && self.queued.load(Ordering::Relaxed) >= self.settings.queue
+        {
+            return Err(StoreError::new(
+                StoreErrorKind::Full,
+                "the store's batch queue is full",
+            ));
+        }
+        // Counted before it is sent, so the driver never takes more than was counted.
+        self.queued.fetch_add(1, Ordering::Relaxed);
         let pending = match queue.as_ref() {
-            Some(sender) => match sender.try_send(pending) {
+            Some(sender) => match sender.send(pending) {
                 Ok(()) => return Ok(()),
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    return Err(StoreError::new(
-                        StoreErrorKind::Full,
-                        "the store's batch queue is full",
-                    ))
-                }
                 // The driver's runtime shut down (a store shared across runtimes): start anew.
-                Err(mpsc::error::TrySendError::Closed(pending)) => pending,
+                // What its queue held went with it.
+                Err(mpsc::error::SendError(pending)) => pending,
             },
             None => pending,
         };
-        let (sender, receiver) = mpsc::channel(self.settings.queue);
+        self.queued.store(1, Ordering::Relaxed);
+        let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(drive(
             receiver,
             self.runner.clone(),
             self.settings,
             self.counters.clone(),
             self.slots.clone(),
+            self.queued.clone(),
         ));
-        // A fresh queue has room for one.
-        let _ = sender.try_send(pending);
+        let _ = sender.send(pending);
         *queue = Some(sender);
         Ok(())
     }
@@ -380,11 +398,12 @@ async fn run_bounded<R: Runner>(
 /// Take batches off the queue and run them, at most `settings.pipeline` at once, until every
 /// sender is gone.
 async fn drive<R: Runner>(
-    mut queue: mpsc::Receiver<Pending<R>>,
+    mut queue: mpsc::UnboundedReceiver<Pending<R>>,
     runner: Arc<R>,
     settings: Batching,
     counters: Arc<Counters>,
     slots: Arc<Semaphore>,
+    queued: Arc<AtomicUsize>,
 ) {
     while let Some(first) = queue.recv().await {
         // While every slot is busy, the next batch gathers in the queue.
@@ -399,6 +418,7 @@ async fn drive<R: Runner>(
                 Err(_) => break,
             }
         }
+        queued.fetch_sub(batch.len(), Ordering::Relaxed);
         batch.retain(|pending| !pending.reply.is_closed());
         if batch.is_empty() {
             continue;
@@ -475,6 +495,11 @@ mod tests {
 
         fn abandoned(self: &Arc<Self>, entry: u32, _: u32) {
             lock(&self.abandoned).push(entry);
+        }
+
+        /// Numbers from 100 on stand for what follows a claim (a save, a renewal, a release).
+        fn refusable(entry: &u32) -> bool {
+            *entry < 100
         }
     }
 
@@ -564,12 +589,18 @@ mod tests {
         let queued = [queue(&batcher, 2), queue(&batcher, 3)];
         let refused = batcher.submit(4).await.unwrap_err();
         assert_eq!(refused.kind(), StoreErrorKind::Full);
+        // The save of a claim already made is queued past the bound, not refused.
+        let save = queue(&batcher, 104);
         batcher.runner.gate.add_permits(2);
         running.await.unwrap().unwrap();
         for answer in queued {
             answer.await.unwrap().unwrap();
         }
-        assert_eq!(*lock(&batcher.runner.sizes), [1, 2]);
+        assert_eq!(save.await.unwrap().unwrap(), 208);
+        assert_eq!(*lock(&batcher.runner.sizes), [1, 3]);
+        // Once the queue has emptied, claims are let in again.
+        batcher.runner.gate.add_permits(1);
+        assert_eq!(batcher.submit(5).await.unwrap(), 10);
     }
 
     /// A read-only runner: idle, a request runs its batch of one itself.

@@ -509,6 +509,10 @@ impl Runner for ClaimsAndSaves {
     fn failed(&self) {
         self.connections.failed();
     }
+
+    fn refusable(op: &Op) -> bool {
+        matches!(op, Op::Claim(_))
+    }
 }
 
 impl ClaimsAndSaves {
@@ -739,6 +743,11 @@ impl Runner for Writes {
 
     fn failed(&self) {
         self.connections.failed();
+    }
+
+    /// Releases and renewals of claims already made.
+    fn refusable(_: &Write) -> bool {
+        false
     }
 }
 

@@ -190,6 +190,10 @@ impl Runner for Writes {
         self.connections.failed();
     }
 
+    fn refusable(write: &Write) -> bool {
+        matches!(write, Write::Claim(_))
+    }
+
     /// A claim won for a request that is gone: release it now rather than leave the key to its
     /// lease.
     fn abandoned(self: &Arc<Self>, write: Write, written: Written) {
