@@ -221,6 +221,8 @@ struct Reply {
     replayed: bool,
     retry_after: Option<u64>,
     elapsed: Duration,
+    /// The problem's `type`, for an answer of the layer's own.
+    problem: Option<String>,
 }
 
 impl Server {
@@ -252,12 +254,16 @@ impl Server {
         };
         let replayed = header(REPLAYED_HEADER.as_str()).as_deref() == Some("true");
         let retry_after = header("retry-after").and_then(|v| v.parse().ok());
-        let _ = response.bytes().await;
+        let body = response.bytes().await.unwrap_or_default();
+        let problem = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|problem| Some(problem.get("type")?.as_str()?.to_owned()));
         Reply {
             status,
             replayed,
             retry_after,
             elapsed: started.elapsed(),
+            problem,
         }
     }
 
@@ -646,6 +652,14 @@ async fn cut_before_the_commit_rolls_back_and_the_retry_runs_once<DB: Backend>()
         "no COMMIT went through the proxy"
     );
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    // The record was still running under the attempt: the commit surely did not land.
+    assert!(
+        first
+            .problem
+            .as_deref()
+            .is_some_and(|t| t.ends_with("StoreUnavailable")),
+        "{first:?}"
+    );
     assert_eq!(
         db.work_rows("commit-lost").await,
         0,
@@ -672,9 +686,17 @@ async fn cut_after_the_commit_keeps_both_and_the_retry_replays<DB: Backend>() {
         1,
         "no COMMIT went through the proxy"
     );
-    // The layer cannot know the COMMIT landed: it answers 503, and its release (fenced on a
-    // running record) leaves the saved answer alone.
+    // The layer cannot know the COMMIT landed: its release (fenced on a running record) leaves
+    // the saved answer alone, and it answers 503 saying the outcome is unknown, not that
+    // nothing was done.
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert!(
+        first
+            .problem
+            .as_deref()
+            .is_some_and(|t| t.ends_with("CommitUnconfirmed")),
+        "{first:?}"
+    );
     assert_eq!(
         db.work_rows("answer-lost").await,
         1,

@@ -90,6 +90,14 @@ pub enum Rejection {
         /// When to retry.
         retry_after: Duration,
     },
+    /// 503: transactional mode only. The handler ran and its transaction's commit failed in a
+    /// way that leaves open whether it landed (the connection broke while the commit was on its
+    /// way), and the record is no longer running under this attempt. A retry with the same key
+    /// gets the saved answer if the commit landed, or runs the handler once if it did not.
+    CommitUnconfirmed {
+        /// When to retry.
+        retry_after: Duration,
+    },
     /// 503: the idempotency store holds as many records as it may (a
     /// [`MemoryStore`](crate::store::MemoryStore) at its capacity), so the handler was not called.
     StoreFull {
@@ -128,9 +136,9 @@ impl Rejection {
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Rejection::InFlight { .. } | Rejection::LeaseLost { .. } => StatusCode::CONFLICT,
             Rejection::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Rejection::StoreUnavailable { .. } | Rejection::StoreFull { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Rejection::StoreUnavailable { .. }
+            | Rejection::CommitUnconfirmed { .. }
+            | Rejection::StoreFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Rejection::StoreFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -177,6 +185,9 @@ impl Rejection {
             Rejection::StoreUnavailable { .. } => format!(
                 "the request was not processed because idempotency could not be guaranteed right now; retry with the same key after {secs} s"
             ),
+            Rejection::CommitUnconfirmed { .. } => format!(
+                "the request was processed, but the database connection broke while its result was being committed, so whether it took effect is unknown; retry with the same key after {secs} s: the retry returns the result if it took effect, or processes the request once if it did not (do not retry with a new key)"
+            ),
             Rejection::StoreFull { .. } => format!(
                 "the request was not processed because the idempotency store is full; retry with the same key after {secs} s (records free as they expire)"
             ),
@@ -205,6 +216,7 @@ impl Rejection {
             Rejection::StoreUnavailable { .. } => {
                 ("StoreUnavailable", "Idempotency store unavailable")
             }
+            Rejection::CommitUnconfirmed { .. } => ("CommitUnconfirmed", "Outcome unconfirmed"),
             Rejection::StoreFull { .. } => ("StoreFull", "Idempotency store full"),
             Rejection::StoreFailed => ("StoreFailed", "Idempotency store error"),
         }
@@ -235,6 +247,7 @@ impl Rejection {
             Rejection::InFlight { retry_after }
             | Rejection::LeaseLost { retry_after }
             | Rejection::StoreUnavailable { retry_after }
+            | Rejection::CommitUnconfirmed { retry_after }
             | Rejection::StoreFull { retry_after } => Some(*retry_after),
             _ => None,
         }

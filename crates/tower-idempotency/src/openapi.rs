@@ -174,7 +174,7 @@ const ANSWERS: &[(&str, &str, bool)] = &[
     ("413", "the request body is over the limit; nothing was done", false),
     ("422", "this `Idempotency-Key` was first used for a different request (method, path and query, body); use a new key for a new operation, or resend the original unchanged", false),
     ("500", "the idempotency store answered with an error a retry will not cure; nothing was done", false),
-    ("503", "the idempotency store is unavailable; nothing was done, retry after `Retry-After` seconds with the same key", true),
+    ("503", "the idempotency store is unavailable; nothing was done (or, with the problem type `CommitUnconfirmed`, the commit broke off and may have landed); retry after `Retry-After` seconds with the same key", true),
 ];
 
 impl IdempotencyDoc {

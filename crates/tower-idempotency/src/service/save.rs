@@ -124,8 +124,7 @@ impl<St: Store> Lease<St> {
         let rejection = (!saved_alone)
             .then(|| M::unsaved(&failure, self.superseded_retry_after()))
             .flatten();
-        self.report_unsaved(&failure, rejection.as_ref()).await;
-        rejection
+        self.report_unsaved(&failure, rejection).await
     }
 
     /// When the attempt that took the key over may have its answer (the 409 of a run whose
@@ -155,26 +154,80 @@ impl<St: Store> Lease<St> {
         }
     }
 
-    /// The log line of an answer that was not saved; a store failure that rolled the work back
-    /// also frees the key, so the retry can do the work.
-    async fn report_unsaved(&self, failure: &SaveFailure<'_>, rejection: Option<&Rejection>) {
+    /// The log line of an answer that was not saved, and the answer the client gets instead
+    /// (`rejection`, or the handler's own when `None`). A commit that failed also frees the key,
+    /// so the retry can do the work that rolled back.
+    async fn report_unsaved(
+        &self,
+        failure: &SaveFailure<'_>,
+        rejection: Option<Rejection>,
+    ) -> Option<Rejection> {
         match (failure, rejection) {
-            (SaveFailure::FencedOut, Some(_)) => self.record.finish(
-                Outcome::FencedOut,
-                &"the lease was taken over before the commit; the work was rolled back: 409",
-            ),
-            (SaveFailure::FencedOut, None) => self.record.finish(
-                Outcome::FencedOut,
-                &"the lease was taken over before the answer was saved; the answer is sent but not saved",
-            ),
-            (SaveFailure::Failed(err), Some(rejection)) => {
-                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back: {}", observe::Chain(*err), rejection.status().as_u16()));
-                self.release("the commit failed").await;
+            (SaveFailure::FencedOut, Some(rejection)) => {
+                self.record.finish(
+                    Outcome::FencedOut,
+                    &"the lease was taken over before the commit; the work was rolled back: 409",
+                );
+                Some(rejection)
             }
-            (SaveFailure::Failed(err), None) => self.record.finish(
+            (SaveFailure::FencedOut, None) => {
+                self.record.finish(
+                    Outcome::FencedOut,
+                    &"the lease was taken over before the answer was saved; the answer is sent but not saved",
+                );
+                None
+            }
+            (SaveFailure::Failed(err), Some(rejection)) => {
+                Some(self.release_after_failed_commit(err, rejection).await)
+            }
+            (SaveFailure::Failed(err), None) => {
+                self.record.finish(
+                    Outcome::StoreError,
+                    &format_args!("saving the answer failed: {}; the answer is sent but not saved, and a retry after the lease runs the handler again", observe::Chain(*err)),
+                );
+                None
+            }
+        }
+    }
+
+    /// The commit of the handler's transaction failed: free the key, token-checked. A record
+    /// still running under this attempt proves the commit did not land. Otherwise (or if the
+    /// release fails too), a commit cut off on its way may have landed, with the answer saved,
+    /// so the client is not told that nothing was done.
+    async fn release_after_failed_commit(
+        &self,
+        err: &StoreError,
+        rejection: Rejection,
+    ) -> Rejection {
+        if !self.leased || !err.is_transient() {
+            self.record.finish(
                 Outcome::StoreError,
-                &format_args!("saving the answer failed: {}; the answer is sent but not saved, and a retry after the lease runs the handler again", observe::Chain(*err)),
+                &format_args!(
+                    "committing the transaction failed: {}; the work was rolled back: {}",
+                    observe::Chain(err),
+                    rejection.status().as_u16()
+                ),
+            );
+            self.release("the commit failed").await;
+            return rejection;
+        }
+        let release = self.store.release(&self.hold);
+        let release = bounded("the release", self.config.store_timeout, release);
+        let released = observe::timed(self.store.name(), "release", release).await;
+        if let Ok(Fenced::Applied) = released {
+            self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back and the key released: {}", observe::Chain(err), rejection.status().as_u16()));
+            return rejection;
+        }
+        let why = match &released {
+            Err(release_err) => format!(
+                "releasing the key failed too: {}",
+                observe::Chain(release_err)
             ),
+            Ok(_) => "the record is no longer running under this attempt".to_owned(),
+        };
+        self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; whether it landed is unknown ({why}): 503; a retry with the key gets the saved answer if it did, or runs once if it did not", observe::Chain(err)));
+        Rejection::CommitUnconfirmed {
+            retry_after: rejection.retry_after().unwrap_or(Duration::from_secs(1)),
         }
     }
 
