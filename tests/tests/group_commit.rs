@@ -995,3 +995,32 @@ async fn postgres_a_batch_cut_in_a_later_round_keeps_what_the_earlier_rounds_com
     })
     .await;
 }
+
+/// A release that committed keeps its answer when the notification of its waiters fails after
+/// it: the record is gone, so the release is `Applied`, not a store error (the waiters find the
+/// change at their next poll).
+#[tokio::test]
+async fn postgres_a_release_committed_before_its_notification_failed_is_applied() {
+    let (proxy, direct, store) = a_store_behind_a_proxy(Batching::default()).await;
+    let claim = claim_of(random_key(), "watched", LONG, DAY);
+    assert_eq!(store.claim(&claim).await.unwrap(), claimed(false));
+    // A waiter would have marked it: the release then notifies.
+    sqlx::query("UPDATE idempotency_records SET watched = true WHERE key = $1")
+        .bind(claim.key.0.to_vec())
+        .execute(&direct)
+        .await
+        .unwrap();
+    proxy.cut_at("pg_notify", CutPoint::BeforeSending);
+    let released = bounded("the release", store.release(&claim.hold())).await;
+    assert_eq!(proxy.triggers_fired(), 1, "no notification was sent");
+    assert_eq!(
+        released.expect("the committed release keeps its answer"),
+        tower_idempotency::store::Fenced::Applied
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_records WHERE key = $1")
+        .bind(claim.key.0.to_vec())
+        .fetch_one(&direct)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the release committed");
+}

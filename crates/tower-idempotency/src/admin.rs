@@ -223,7 +223,7 @@ async fn sweep(State(store): State<DynStore>, RawQuery(query): RawQuery) -> Resp
             _ => {
                 return problem(
                     StatusCode::BAD_REQUEST,
-                    "`batch` is a whole number of records per statement, at least 1",
+                    "`batch` is a whole number of records per statement, from 1 to 4294967295",
                 )
             }
         },

@@ -51,12 +51,10 @@ async fn main() -> ExitCode {
             .with_span_list(true)
             .init(),
         Ok("text") | Err(_) => logs.init(),
+        // As every other setting that does not parse: the server does not start.
         Ok(other) => {
-            logs.init();
-            tracing::warn!(
-                format = ?other,
-                "LOG_FORMAT is `text` or `json`; logging as text"
-            );
+            eprintln!("error: LOG_FORMAT={other:?} is not valid: expected text or json");
+            return ExitCode::FAILURE;
         }
     }
     match run().await {

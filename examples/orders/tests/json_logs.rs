@@ -78,3 +78,25 @@ async fn the_binary_logs_json_lines_carrying_the_matched_route() {
         let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
     }
 }
+
+/// A `LOG_FORMAT` the binary does not know stops it, as every other setting that does not parse.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_log_format_stops_the_binary() {
+    let file = tower_idempotency_testkit::fresh_sqlite_path("orders_log_format");
+    let output = common::orders_api(&format!("sqlite://{}", file.display()))
+        .env("LOG_FORMAT", "xml")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(30), output)
+        .await
+        .expect("the binary exits within 30 s")
+        .expect("run the orders API");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(r#"error: LOG_FORMAT="xml" is not valid: expected text or json"#),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("listening"));
+}

@@ -733,8 +733,15 @@ impl Runner for Writes {
             .filter(|w| applied.get(&w.hold) == Some(&true))
             .map(|w| w.hold.key.to_hex())
             .collect();
-        notify(&mut connection, watched).await?;
-        self.connections.park(connection);
+        // The writes are committed (autocommit): a failed notification does not undo them, so
+        // each write keeps its answer, as the claims and saves do.
+        match notify(&mut connection, watched).await {
+            Ok(()) => self.connections.park(connection),
+            Err(err) => {
+                tracing::warn!(target: "tower_idempotency", error = %err, "the batch's releases or renewals are committed, but notifying their waiters failed; they find the change at their next poll");
+                self.connections.failed();
+            }
+        }
         Ok(writes
             .iter()
             .map(|w| Ok(Fenced::applied_if(applied.contains_key(&w.hold))))
