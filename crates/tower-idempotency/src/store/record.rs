@@ -405,7 +405,9 @@ pub struct StoreStats {
     /// Records past their expiry that are still stored, waiting for the sweeper (always 0 on
     /// Redis, which deletes them itself).
     pub expired: u64,
-    /// The live running record claimed longest ago, if any.
+    /// The live running record claimed longest ago, if any. Like `running`, it includes a
+    /// record whose holder died (its lease lapsed) and that no retry has taken over yet: such
+    /// a record blocks nothing, and ages until its expiry.
     pub oldest_running: Option<OldestRunning>,
 }
 
