@@ -269,7 +269,20 @@ pub(crate) trait Runner: Send + Sync + 'static {
         let _ = entry;
         true
     }
+
+    /// The bytes `entry` adds to its batch's statement (a saved answer's body): a batch stops
+    /// taking entries at [`MAX_BATCH_BYTES`], so that large answers do not make one statement
+    /// too large for the database, failing every entry that shares it.
+    fn bytes(entry: &Self::Entry) -> usize {
+        let _ = entry;
+        0
+    }
 }
+
+/// The most bytes of saved answers one batch carries: far below PostgreSQL's 1 GB for one
+/// message and SQLite's 1,000,000,000 for one value, with room for SQLite's hex. An entry larger
+/// than this alone still runs, in a batch of its own.
+pub(crate) const MAX_BATCH_BYTES: usize = 64 << 20;
 
 struct Pending<R: Runner> {
     entry: R::Entry,
@@ -405,19 +418,35 @@ async fn drive<R: Runner>(
     slots: Arc<Semaphore>,
     queued: Arc<AtomicUsize>,
 ) {
-    while let Some(first) = queue.recv().await {
+    // The entry that would have made the last batch too large: the next one starts with it.
+    let mut carried: Option<Pending<R>> = None;
+    loop {
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match queue.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
         // While every slot is busy, the next batch gathers in the queue.
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
         let mut batch = Vec::with_capacity(settings.max_batch.min(queue.len() + 1));
+        let mut bytes = R::bytes(&first.entry);
         batch.push(first);
         while batch.len() < settings.max_batch {
-            match queue.try_recv() {
-                Ok(pending) => batch.push(pending),
-                Err(_) => break,
+            let Ok(pending) = queue.try_recv() else {
+                break;
+            };
+            bytes = bytes.saturating_add(R::bytes(&pending.entry));
+            if bytes > MAX_BATCH_BYTES {
+                carried = Some(pending);
+                break;
             }
+            batch.push(pending);
         }
+        // A carried entry is still queued: it is counted when its batch takes it.
         queued.fetch_sub(batch.len(), Ordering::Relaxed);
         batch.retain(|pending| !pending.reply.is_closed());
         if batch.is_empty() {
@@ -500,6 +529,15 @@ mod tests {
         /// Numbers from 100 on stand for what follows a claim (a save, a renewal, a release).
         fn refusable(entry: &u32) -> bool {
             *entry < 100
+        }
+
+        /// Numbers from 1,000 on stand for saves of 40 MiB answers.
+        fn bytes(entry: &u32) -> usize {
+            if *entry >= 1000 {
+                40 << 20
+            } else {
+                0
+            }
         }
     }
 
@@ -601,6 +639,21 @@ mod tests {
         // Once the queue has emptied, claims are let in again.
         batcher.runner.gate.add_permits(1);
         assert_eq!(batcher.submit(5).await.unwrap(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_batch_stops_taking_entries_at_its_bytes() {
+        let batcher = batcher(gated(), Batching::default().pipeline(1));
+        let blocker = queue(&batcher, 1);
+        until(|| !lock(&batcher.runner.sizes).is_empty()).await;
+        // Two large saves do not fit in one batch; the small entries after the second join it.
+        let answers: Vec<_> = [1000, 1001, 2, 3].map(|n| queue(&batcher, n)).into();
+        batcher.runner.gate.add_permits(3);
+        blocker.await.unwrap().unwrap();
+        for (n, answer) in [1000, 1001, 2, 3].into_iter().zip(answers) {
+            assert_eq!(answer.await.unwrap().unwrap(), n * 2);
+        }
+        assert_eq!(*lock(&batcher.runner.sizes), [1, 1, 3]);
     }
 
     /// A read-only runner: idle, a request runs its batch of one itself.

@@ -513,6 +513,13 @@ impl Runner for ClaimsAndSaves {
     fn refusable(op: &Op) -> bool {
         matches!(op, Op::Claim(_))
     }
+
+    fn bytes(op: &Op) -> usize {
+        match op {
+            Op::Claim(_) => 0,
+            Op::Complete { headers, body, .. } => headers.len() + body.len(),
+        }
+    }
 }
 
 impl ClaimsAndSaves {

@@ -194,6 +194,14 @@ impl Runner for Writes {
         matches!(write, Write::Claim(_))
     }
 
+    /// A saved body travels as hex in the batch's JSON: two bytes a byte.
+    fn bytes(write: &Write) -> usize {
+        match write {
+            Write::Complete { response, .. } => 2 * response.body.len(),
+            _ => 0,
+        }
+    }
+
     /// A claim won for a request that is gone: release it now rather than leave the key to its
     /// lease.
     fn abandoned(self: &Arc<Self>, write: Write, written: Written) {
