@@ -124,7 +124,8 @@ impl<St: Store> Lease<St> {
         let rejection = (!saved_alone)
             .then(|| M::unsaved(&failure, self.superseded_retry_after()))
             .flatten();
-        self.report_unsaved(&failure, rejection).await
+        // Boxed: a rare ending, so the flow's future does not carry its room.
+        Box::pin(self.report_unsaved(&failure, rejection)).await
     }
 
     /// When the attempt that took the key over may have its answer (the 409 of a run whose
