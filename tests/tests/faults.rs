@@ -787,6 +787,43 @@ sql_fault_tests!(postgres: Postgres, mysql: MySql);
 // PostgreSQL
 // ------------------------------------------------------------------------------------------------
 
+/// Single-commit mode, the COMMIT of the claim, the work and the answer landed but its
+/// acknowledgement lost: the layer cannot know it landed, so the client is told the outcome is
+/// unconfirmed (not that nothing was done), and the retry replays the committed answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_single_commit_cut_after_the_commit_is_unconfirmed_and_the_retry_replays() {
+    let db = Proxied::<Postgres>::start(4).await;
+    let layer = db.layer().transactional_single_commit();
+    let server = serve(layer, db.proxy.clone()).await;
+    db.proxy.cut_at("COMMIT", CutPoint::BeforeTheAnswer);
+    let first = server.post(Postgres::WORK, "single-answer-lost").await;
+    assert_eq!(
+        db.proxy.triggers_fired(),
+        1,
+        "no COMMIT went through the proxy"
+    );
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
+    assert!(
+        first
+            .problem
+            .as_deref()
+            .is_some_and(|t| t.ends_with("CommitUnconfirmed")),
+        "{first:?}"
+    );
+    assert_eq!(
+        db.work_rows("single-answer-lost").await,
+        1,
+        "the work committed"
+    );
+    assert_eq!(db.saved_records().await, 1, "with its answer");
+    let retry = server.post(Postgres::WORK, "single-answer-lost").await;
+    assert!(
+        retry.replayed,
+        "the retry must replay the committed answer: {retry:?}"
+    );
+    assert_eq!(server.state.executions_of("single-answer-lost"), 1);
+}
+
 /// A transactional app on a pool of four, after one request, with every connection back idle.
 async fn warm_transactional_postgres() -> (Proxied<Postgres>, Server) {
     let db = Proxied::<Postgres>::start(4).await;

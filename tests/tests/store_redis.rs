@@ -72,8 +72,8 @@ async fn a_takeover_extends_the_key_pttl_only_to_its_lease() {
         .await
         .unwrap();
 
-    tokio::time::sleep(Duration::from_millis(300)).await; // the lapse under test
-                                                          // A lease that ends before the expiry leaves it as it was.
+    // The lapse under test. A lease that ends before the expiry leaves it as it was.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         store
             .claim(&claim_of(key, "a", Duration::from_secs(1), DAY))
@@ -84,7 +84,7 @@ async fn a_takeover_extends_the_key_pttl_only_to_its_lease() {
     let after = pttl(&mut conn, &name).await;
     assert!(
         after > 0 && after <= before - 250,
-        "a takeover must not extend the expiry: {before} -> {after}"
+        "a takeover whose lease ends first must not extend the expiry: {before} -> {after}"
     );
     let expires_after: i64 = redis::cmd("HGET")
         .arg(&name)
@@ -100,7 +100,7 @@ async fn a_takeover_extends_the_key_pttl_only_to_its_lease() {
     let name = store.record_key(&key);
     let short = Duration::from_millis(200);
     store
-        .claim(&claim_of(key, "a", short, Duration::from_millis(400)))
+        .claim(&claim_of(key, "a", short, Duration::from_secs(1)))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;

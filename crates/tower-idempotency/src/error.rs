@@ -90,7 +90,7 @@ pub enum Rejection {
         /// When to retry.
         retry_after: Duration,
     },
-    /// 503: transactional mode only. The handler ran and its transaction's commit failed in a
+    /// 503: transactional and single-commit modes only. The handler ran and its transaction's commit failed in a
     /// way that leaves open whether it landed (the connection broke while the commit was on its
     /// way), and the record is no longer running under this attempt. A retry with the same key
     /// gets the saved answer if the commit landed, or runs the handler once if it did not.

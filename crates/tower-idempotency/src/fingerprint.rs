@@ -241,6 +241,10 @@ fn write_scalar<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 fn write_string(text: &std::borrow::Cow<'_, str>, out: &mut Vec<u8>) {
     match text {
         std::borrow::Cow::Borrowed(raw) => {
+            debug_assert!(
+                !raw.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20),
+                "a borrowed string holds nothing to escape"
+            );
             out.push(b'"');
             out.extend_from_slice(raw.as_bytes());
             out.push(b'"');

@@ -44,16 +44,22 @@ async fn main() -> ExitCode {
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    match std::env::var("LOG_FORMAT").as_deref() {
+    // As the other settings: surrounding blanks are ignored, and an empty value is unset.
+    let format = std::env::var("LOG_FORMAT").map(|v| v.trim().to_ascii_lowercase());
+    match format.as_deref() {
         Ok("json") => logs
             .json()
             .with_current_span(true)
             .with_span_list(true)
             .init(),
-        Ok("text") | Err(_) => logs.init(),
+        Ok("text" | "") | Err(std::env::VarError::NotPresent) => logs.init(),
         // As every other setting that does not parse: the server does not start.
         Ok(other) => {
             eprintln!("error: LOG_FORMAT={other:?} is not valid: expected text or json");
+            return ExitCode::FAILURE;
+        }
+        Err(std::env::VarError::NotUnicode(_)) => {
+            eprintln!("error: LOG_FORMAT is not valid: expected text or json");
             return ExitCode::FAILURE;
         }
     }

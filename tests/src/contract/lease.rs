@@ -107,7 +107,7 @@ pub async fn a_takeover_keeps_the_original_expiry<S: Store>(store: S) {
 /// renewal does: the record does not expire under its live holder, so another request (another
 /// body too) finds it in flight, not expired and free to claim afresh.
 pub async fn a_takeover_does_not_expire_under_its_holder<S: Store>(store: S) {
-    let (lease, ttl) = (Duration::from_millis(200), Duration::from_millis(400));
+    let (lease, ttl) = (Duration::from_millis(200), Duration::from_secs(1));
     let first = claim_of(random_key(), "a", lease, ttl);
     assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
     let started = Instant::now(); // the lease and the expiry count from before this

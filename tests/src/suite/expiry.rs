@@ -1,4 +1,5 @@
-//! Retention: an expired record is gone, and a takeover keeps the original expiry.
+//! Retention: an expired record is gone, and a takeover keeps the original expiry (when its own
+//! lease ends before it).
 
 use super::*;
 

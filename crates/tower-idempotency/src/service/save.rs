@@ -192,15 +192,16 @@ impl<St: Store> Lease<St> {
     }
 
     /// The commit of the handler's transaction failed: free the key, token-checked. A record
-    /// still running under this attempt proves the commit did not land. Otherwise (or if the
-    /// release fails too), a commit cut off on its way may have landed, with the answer saved,
-    /// so the client is not told that nothing was done.
+    /// still running under this attempt proves the commit did not land (in single-commit mode,
+    /// where the claim was in the transaction, no record at all does). Otherwise, or if the
+    /// store cannot tell, a commit cut off on its way may have landed with the answer saved, so
+    /// the client is not told that nothing was done.
     async fn release_after_failed_commit(
         &self,
         err: &StoreError,
         rejection: Rejection,
     ) -> Rejection {
-        if !self.leased || !err.is_transient() {
+        if !err.is_transient() {
             self.record.finish(
                 Outcome::StoreError,
                 &format_args!(
@@ -212,23 +213,40 @@ impl<St: Store> Lease<St> {
             self.release("the commit failed").await;
             return rejection;
         }
-        let release = self.store.release(&self.hold);
-        let release = bounded("the release", self.config.store_timeout, release);
-        let released = observe::timed(self.store.name(), "release", release).await;
-        if let Ok(Fenced::Applied) = released {
-            self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back and the key released: {}", observe::Chain(err), rejection.status().as_u16()));
-            return rejection;
-        }
-        let why = match &released {
-            Err(release_err) => format!(
-                "releasing the key failed too: {}",
-                observe::Chain(release_err)
-            ),
-            Ok(_) => "the record is no longer running under this attempt".to_owned(),
+        let limit = self.config.store_timeout;
+        let rolled_back = if self.leased {
+            let release = bounded("the release", limit, self.store.release(&self.hold));
+            match observe::timed(self.store.name(), "release", release).await {
+                Ok(Fenced::Applied) => Ok("the key released"),
+                Ok(Fenced::Lost) => {
+                    Err("the record is no longer running under this attempt".to_owned())
+                }
+                Err(e) => Err(format!(
+                    "releasing the key failed too: {}",
+                    observe::Chain(&e)
+                )),
+            }
+        } else {
+            match bounded("the read", limit, self.store.get(&self.hold.key)).await {
+                Ok(None) => Ok("the claim with it"),
+                Ok(Some(_)) => Err("the key has a record".to_owned()),
+                Err(e) => Err(format!(
+                    "reading the key's record failed too: {}",
+                    observe::Chain(&e)
+                )),
+            }
         };
-        self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; whether it landed is unknown ({why}): 503; a retry with the key gets the saved answer if it did, or runs once if it did not", observe::Chain(err)));
-        Rejection::CommitUnconfirmed {
-            retry_after: rejection.retry_after().unwrap_or(Duration::from_secs(1)),
+        match rolled_back {
+            Ok(with) => {
+                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; the work was rolled back, {with}: {}", observe::Chain(err), rejection.status().as_u16()));
+                rejection
+            }
+            Err(why) => {
+                self.record.finish(Outcome::StoreError, &format_args!("committing the transaction failed: {}; whether it landed is unknown ({why}): 503; a retry with the key gets the saved answer if it did, or runs once if it did not", observe::Chain(err)));
+                Rejection::CommitUnconfirmed {
+                    retry_after: rejection.retry_after().unwrap_or(Duration::from_secs(1)),
+                }
+            }
         }
     }
 

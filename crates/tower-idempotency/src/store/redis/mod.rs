@@ -30,8 +30,9 @@
 //! | `body` | the saved body, raw bytes (`done` only) |
 //!
 //! The key carries a `PEXPIREAT` at `expires_at`, so Redis removes expired records itself and
-//! [`Store::sweep`](crate::store::Store::sweep) has nothing to do. A takeover rewrites the token and the lease but neither
-//! `expires_at` nor the key's expiry: a record is kept for its TTL counted from its first claim.
+//! [`Store::sweep`](crate::store::Store::sweep) has nothing to do. A takeover rewrites the token and the lease, and keeps
+//! `expires_at` and the key's expiry (a record is kept for its TTL counted from its first claim)
+//! unless its new lease runs past them: then both move to the lease's end, as after a renewal.
 //!
 //! # Atomicity
 //!

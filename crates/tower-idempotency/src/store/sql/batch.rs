@@ -107,7 +107,8 @@ impl Batching {
     /// with [`StoreErrorKind::Full`], which the layer answers 503 with `Retry-After`, before
     /// its handler runs. What follows a claim already made (its save, renewals and release) is
     /// never refused: refusing it would lose a handler's answer or its lease. Those wait past
-    /// the bound, and there are never more of them than requests holding a claim.
+    /// the bound; their number follows the requests holding a claim (one operation each at a
+    /// time, and those whose caller stopped waiting, left out when their batch forms).
     pub fn queue(mut self, operations: usize) -> Self {
         self.queue = operations.max(1);
         self
@@ -355,6 +356,12 @@ impl<R: Runner> Batcher<R> {
 
     fn enqueue(&self, pending: Pending<R>) -> Result<(), StoreError> {
         let mut queue = lock(&self.queue);
+        // The driver's runtime shut down (a store shared across runtimes): what its queue held
+        // went with it, so it counts no more, and a driver starts anew below.
+        if queue.as_ref().is_some_and(mpsc::UnboundedSender::is_closed) {
+            *queue = None;
+            self.queued.store(0, Ordering::Relaxed);
+        }
         if R::refusable(&pending.entry)
             && self.queued.load(Ordering::Relaxed) >= self.settings.queue
         {
@@ -368,8 +375,7 @@ impl<R: Runner> Batcher<R> {
         let pending = match queue.as_ref() {
             Some(sender) => match sender.send(pending) {
                 Ok(()) => return Ok(()),
-                // The driver's runtime shut down (a store shared across runtimes): start anew.
-                // What its queue held went with it.
+                // Closed since the check above: start anew as there.
                 Err(mpsc::error::SendError(pending)) => pending,
             },
             None => pending,
@@ -639,6 +645,28 @@ mod tests {
         // Once the queue has emptied, claims are let in again.
         batcher.runner.gate.add_permits(1);
         assert_eq!(batcher.submit(5).await.unwrap(), 10);
+    }
+
+    /// A store shared across runtimes: the first one shuts down with a full queue, and the next
+    /// claim, on another runtime, starts a new queue rather than being refused for what the
+    /// dead one held.
+    #[test]
+    fn a_queue_whose_runtime_shut_down_starts_anew() {
+        let batcher = batcher(gated(), Batching::default().pipeline(1).queue(2));
+        let first = tokio::runtime::Runtime::new().expect("a runtime");
+        first.block_on(async {
+            let _running = queue(&batcher, 1);
+            until(|| !lock(&batcher.runner.sizes).is_empty()).await;
+            let _queued = [queue(&batcher, 2), queue(&batcher, 3)];
+            let refused = batcher.submit(4).await.unwrap_err();
+            assert_eq!(refused.kind(), StoreErrorKind::Full);
+        });
+        drop(first);
+        let second = tokio::runtime::Runtime::new().expect("a runtime");
+        second.block_on(async {
+            batcher.runner.gate.add_permits(1);
+            assert_eq!(batcher.submit(5).await.unwrap(), 10);
+        });
     }
 
     #[tokio::test]

@@ -18,7 +18,7 @@
 use std::{collections::HashMap, fmt::Write as _, sync::Arc};
 
 use sqlx::{
-    sqlite::{Sqlite, SqlitePool, SqliteRow},
+    sqlite::{Sqlite, SqliteRow},
     Row, SqlStr,
 };
 
@@ -118,8 +118,6 @@ impl Runner for Reads {
 
 /// Runs batches of writes in one transaction each.
 pub(super) struct Writes {
-    /// The application's pool, for the release of an abandoned claim.
-    pub(super) pool: SqlitePool,
     pub(super) connections: Arc<BatchConnections>,
     pub(super) checkpoints: Arc<Checkpointer>,
     /// The store's statements, for its table.
@@ -210,12 +208,21 @@ impl Runner for Writes {
             return;
         };
         let writes = self.clone();
+        // On the batches' own connections, free while the writer queue is held: never waiting
+        // on the application's pool with the queue held.
         sql::release_abandoned(async move {
-            let _turn = writes.writers.turn().await;
+            let turn = writes.writers.turn().await;
             let held = Codec::held(&claim.hold())?;
+            let mut conn = writes.connections.acquire().await?;
             sqlx::query_with(writes.queries.release.clone(), held)
-                .execute(&writes.pool)
+                .execute(&mut *conn)
                 .await?;
+            writes.connections.park(conn);
+            // A commit as a batch's: it counts toward the next checkpoint, and the next writer
+            // goes on.
+            writes.checkpoints.committed();
+            drop(turn);
+            writers::yield_to_next_writer().await;
             Ok(())
         });
     }

@@ -179,7 +179,8 @@ const READ_PIPELINE: usize = 4;
 type BatchConnections = sql::connections::BatchConnections<Sqlite>;
 
 /// The batches' connections for `read_pipeline` read batches in flight, the writer, and a
-/// checkpoint.
+/// checkpoint. "The writer" is whoever holds the writer queue's turn: a batch of writes, or the
+/// release of a claim whose request is gone; each takes one connection under the turn.
 fn batch_connections(
     pool: &SqlitePool,
     batching: Batching,
@@ -283,7 +284,6 @@ impl SqliteStore {
         };
         let checkpoints = Arc::new(Checkpointer::new(connections.clone(), writers.clone()));
         let runner = Writes {
-            pool: pool.clone(),
             connections: connections.clone(),
             checkpoints: checkpoints.clone(),
             queries: queries.clone(),
