@@ -4,8 +4,8 @@
 //!
 //! One file per step of the flow: `prepare.rs` (key, body, fingerprint), `claim.rs` (the
 //! claim, or in wait mode the claims), `run.rs` (the handler under its heartbeat), `save.rs`
-//! (its answer saved, or the key released), `replay.rs` (a saved answer), `refuse.rs` (the
-//! answers the layer makes itself). What the steps share (the `Flow` bundle of types, the store
+//! (its answer saved), `unsaved.rs` (an answer not saved, and the key released), `replay.rs` (a
+//! saved answer), `refuse.rs` (the answers the layer makes itself). What the steps share (the `Flow` bundle of types, the store
 //! and settings, the inner service called as is) is in `bundle.rs`, below them all. The response
 //! future is here, beside the `Service` impl that makes it; what it needs to keep a claimed run
 //! going after a disconnect has its own file, `finish_on_drop.rs`.
@@ -42,6 +42,7 @@ mod replay;
 mod run;
 mod save;
 mod unguarded;
+mod unsaved;
 // The service's unit tests run on the memory store.
 #[cfg(all(test, feature = "memory"))]
 mod tests;
