@@ -225,6 +225,13 @@ struct Reply {
     problem: Option<String>,
 }
 
+impl Reply {
+    /// Whether the answer is the layer's problem `name` (the last part of its `type`).
+    fn is_problem(&self, name: &str) -> bool {
+        self.problem.as_deref().is_some_and(|t| t.ends_with(name))
+    }
+}
+
 impl Server {
     /// One first-time request on `path`, answered 201: it opens the store's connections (the
     /// batches' and the handler's), so what a test counts after it is statements only.
@@ -653,13 +660,7 @@ async fn cut_before_the_commit_rolls_back_and_the_retry_runs_once<DB: Backend>()
     );
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
     // The record was still running under the attempt: the commit surely did not land.
-    assert!(
-        first
-            .problem
-            .as_deref()
-            .is_some_and(|t| t.ends_with("StoreUnavailable")),
-        "{first:?}"
-    );
+    assert!(first.is_problem("StoreUnavailable"), "{first:?}");
     assert_eq!(
         db.work_rows("commit-lost").await,
         0,
@@ -679,6 +680,16 @@ async fn cut_before_the_commit_rolls_back_and_the_retry_runs_once<DB: Backend>()
 async fn cut_after_the_commit_keeps_both_and_the_retry_replays<DB: Backend>() {
     let db = Proxied::<DB>::start(4).await;
     let server = serve(db.layer().transactional(), db.proxy.clone()).await;
+    the_cut_commit_is_unconfirmed_and_the_retry_replays(&db, &server).await;
+}
+
+/// The COMMIT lands and its acknowledgement is lost. The layer cannot know the COMMIT landed: its
+/// release (fenced on a running record) or its read leaves the saved answer alone, and it answers
+/// 503 saying the outcome is unknown, not that nothing was done; the retry replays.
+async fn the_cut_commit_is_unconfirmed_and_the_retry_replays<DB: Backend>(
+    db: &Proxied<DB>,
+    server: &Server,
+) {
     db.proxy.cut_at("COMMIT", CutPoint::BeforeTheAnswer);
     let first = server.post(DB::WORK, "answer-lost").await;
     assert_eq!(
@@ -686,17 +697,8 @@ async fn cut_after_the_commit_keeps_both_and_the_retry_replays<DB: Backend>() {
         1,
         "no COMMIT went through the proxy"
     );
-    // The layer cannot know the COMMIT landed: its release (fenced on a running record) leaves
-    // the saved answer alone, and it answers 503 saying the outcome is unknown, not that
-    // nothing was done.
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
-    assert!(
-        first
-            .problem
-            .as_deref()
-            .is_some_and(|t| t.ends_with("CommitUnconfirmed")),
-        "{first:?}"
-    );
+    assert!(first.is_problem("CommitUnconfirmed"), "{first:?}");
     assert_eq!(
         db.work_rows("answer-lost").await,
         1,
@@ -787,41 +789,14 @@ sql_fault_tests!(postgres: Postgres, mysql: MySql);
 // PostgreSQL
 // ------------------------------------------------------------------------------------------------
 
-/// Single-commit mode, the COMMIT of the claim, the work and the answer landed but its
-/// acknowledgement lost: the layer cannot know it landed, so the client is told the outcome is
-/// unconfirmed (not that nothing was done), and the retry replays the committed answer.
+/// [`the_cut_commit_is_unconfirmed_and_the_retry_replays`] in single-commit mode, where the claim,
+/// the work and the answer are one commit.
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_single_commit_cut_after_the_commit_is_unconfirmed_and_the_retry_replays() {
     let db = Proxied::<Postgres>::start(4).await;
     let layer = db.layer().transactional_single_commit();
     let server = serve(layer, db.proxy.clone()).await;
-    db.proxy.cut_at("COMMIT", CutPoint::BeforeTheAnswer);
-    let first = server.post(Postgres::WORK, "single-answer-lost").await;
-    assert_eq!(
-        db.proxy.triggers_fired(),
-        1,
-        "no COMMIT went through the proxy"
-    );
-    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE, "{first:?}");
-    assert!(
-        first
-            .problem
-            .as_deref()
-            .is_some_and(|t| t.ends_with("CommitUnconfirmed")),
-        "{first:?}"
-    );
-    assert_eq!(
-        db.work_rows("single-answer-lost").await,
-        1,
-        "the work committed"
-    );
-    assert_eq!(db.saved_records().await, 1, "with its answer");
-    let retry = server.post(Postgres::WORK, "single-answer-lost").await;
-    assert!(
-        retry.replayed,
-        "the retry must replay the committed answer: {retry:?}"
-    );
-    assert_eq!(server.state.executions_of("single-answer-lost"), 1);
+    the_cut_commit_is_unconfirmed_and_the_retry_replays(&db, &server).await;
 }
 
 /// A transactional app on a pool of four, after one request, with every connection back idle.

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tower_idempotency::store::{ClaimOutcome, Fenced, Hold, Store};
+use tower_idempotency::store::{Claim, ClaimOutcome, Fenced, Hold, Store};
 
 use super::{
     claim_of, claimed, is_done, is_in_flight, numbered_response, race, random_key, response,
@@ -75,26 +75,38 @@ pub async fn concurrent_takeovers_have_exactly_one_winner<S: Store>(store: S) {
     assert_eq!(outcomes.iter().filter(|o| is_in_flight(o)).count(), 29);
 }
 
+/// The lease of the first claim of [`taken_over`], and of a takeover that ends before
+/// [`FIRST_TTL`] does.
+const TAKEOVER_LEASE: Duration = Duration::from_millis(200);
+/// The retention of the first claim of [`taken_over`].
+const FIRST_TTL: Duration = Duration::from_secs(1);
+
+/// A key claimed (lease [`TAKEOVER_LEASE`], retention [`FIRST_TTL`]), left to lapse, then taken
+/// over with `lease` (retention asked: a day): the first claim, the takeover, and a moment before
+/// the first lease and retention began.
+async fn taken_over<S: Store>(store: &S, lease: Duration) -> (Claim, Claim, Instant) {
+    let first = claim_of(random_key(), "a", TAKEOVER_LEASE, FIRST_TTL);
+    assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
+    let started = Instant::now();
+    until(started + TAKEOVER_LEASE + MARGIN).await;
+    let new = claim_of(first.key, "a", lease, DAY);
+    assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
+    (first, new, started)
+}
+
 /// A takeover keeps the expiry counted from the first claim, and so does `complete`: the record
 /// is gone at the original expiry, not a retention after the takeover.
 pub async fn a_takeover_keeps_the_original_expiry<S: Store>(store: S) {
-    let (lease, ttl) = (Duration::from_millis(200), Duration::from_secs(1));
-    let first = claim_of(random_key(), "a", lease, ttl);
-    assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
-    let started = Instant::now(); // the lease and the expiry count from before this
-
-    until(started + lease + MARGIN).await;
     // The takeover asks for a day; the record must keep its original expiry (its new lease
     // ends before that).
-    let new = claim_of(first.key, "a", lease, DAY);
-    assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
+    let (first, new, started) = taken_over(&store, TAKEOVER_LEASE).await;
     assert_eq!(
         store.complete(&new.hold(), &response()).await.unwrap(),
         Fenced::Applied
     );
     assert!(is_done(&store.claim(&retry_of(&first)).await.unwrap()));
 
-    until(started + ttl + MARGIN).await;
+    until(started + FIRST_TTL + MARGIN).await;
     let other = claim_of(first.key, "other", LONG, DAY);
     assert_eq!(
         store.claim(&other).await.unwrap(),
@@ -107,16 +119,9 @@ pub async fn a_takeover_keeps_the_original_expiry<S: Store>(store: S) {
 /// renewal does: the record does not expire under its live holder, so another request (another
 /// body too) finds it in flight, not expired and free to claim afresh.
 pub async fn a_takeover_does_not_expire_under_its_holder<S: Store>(store: S) {
-    let (lease, ttl) = (Duration::from_millis(200), Duration::from_secs(1));
-    let first = claim_of(random_key(), "a", lease, ttl);
-    assert_eq!(store.claim(&first).await.unwrap(), claimed(false));
-    let started = Instant::now(); // the lease and the expiry count from before this
+    let (first, new, started) = taken_over(&store, LONG).await;
 
-    until(started + lease + MARGIN).await;
-    let new = claim_of(first.key, "a", LONG, DAY);
-    assert_eq!(store.claim(&new).await.unwrap(), claimed(true));
-
-    until(started + ttl + MARGIN).await;
+    until(started + FIRST_TTL + MARGIN).await;
     assert!(
         is_in_flight(&store.claim(&retry_of(&first)).await.unwrap()),
         "the taken-over record outlives its original expiry while its lease runs"

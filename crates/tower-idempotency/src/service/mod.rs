@@ -5,10 +5,11 @@
 //! One file per step of the flow: `prepare.rs` (key, body, fingerprint), `claim.rs` (the
 //! claim, or in wait mode the claims), `run.rs` (the handler under its heartbeat), `save.rs`
 //! (its answer saved), `unsaved.rs` (an answer not saved, and the key released), `replay.rs` (a
-//! saved answer), `refuse.rs` (the answers the layer makes itself). What the steps share (the `Flow` bundle of types, the store
-//! and settings, the inner service called as is) is in `bundle.rs`, below them all. The response
-//! future is here, beside the `Service` impl that makes it; what it needs to keep a claimed run
-//! going after a disconnect has its own file, `finish_on_drop.rs`.
+//! saved answer), `refuse.rs` (the answers the layer makes itself). What the steps share (the
+//! `Flow` bundle of types, the store and settings, the inner service called as is) is in
+//! `bundle.rs`, below them all. The response future is here, beside the `Service` impl that makes
+//! it; what it needs to keep a claimed run going after a disconnect has its own file,
+//! `finish_on_drop.rs`.
 
 use std::{
     fmt,
@@ -157,21 +158,12 @@ where
         }
         let record = RequestRecord::new(req.method(), req.uri().path(), observe::route_of(&req));
         let finish_on_drop = FinishOnDrop::new(record.clone());
-        let flow = made_in_its_box(|| {
-            flow::handle::<Bundle<S, St, M, ReqBody, ResBody>>(inner, layer, req, record)
-        });
+        let flow = flow::handle::<Bundle<S, St, M, ReqBody, ResBody>>(inner, layer, req, record);
         ResponseFuture {
-            inner: Some(flow),
+            inner: Some(Box::pin(flow)),
             finish_on_drop: Some(finish_on_drop),
         }
     }
-}
-
-/// `make()`'s value in a box allocated before it is made, so that it is made in place: `Box::pin`
-/// takes a value already made, and copies it in (the flow's future is a few kilobytes).
-fn made_in_its_box<T>(make: impl FnOnce() -> T) -> Pin<Box<T>> {
-    let room = Box::new_uninit();
-    Box::into_pin(Box::write(room, make()))
 }
 
 /// What the response future answers.
