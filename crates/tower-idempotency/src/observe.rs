@@ -226,6 +226,14 @@ impl RequestRecord {
             "http.response.status_code" = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
+        // A span no subscriber wants still writes `log` records on every enter, exit and record
+        // when `tracing`'s `log` feature is on (sqlx turns it on): a few hundred instructions a
+        // request for lines nobody reads. `log` users keep the request's events, not its span.
+        let span = if span.is_disabled() {
+            tracing::Span::none()
+        } else {
+            span
+        };
         Arc::new(Self {
             span,
             outcome: OnceLock::new(),
