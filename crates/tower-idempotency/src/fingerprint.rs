@@ -391,7 +391,9 @@ fn canonical_form(body: &[u8]) -> Option<(Vec<u8>, bool)> {
     use serde::de::DeserializeSeed;
     let mut out = Vec::with_capacity(body.len());
     let floats = std::cell::Cell::new(false);
-    let mut parser = serde_json::Deserializer::from_slice(body);
+    // Checked as UTF-8 once here, the parser's strings are not checked again one by one (JSON
+    // is UTF-8: a body that is not could not parse anyway).
+    let mut parser = serde_json::Deserializer::from_str(std::str::from_utf8(body).ok()?);
     Canonical(&mut out, &floats).deserialize(&mut parser).ok()?;
     parser.end().ok()?;
     Some((out, floats.get()))
@@ -655,6 +657,21 @@ mod tests {
         let c = fp("POST", "/x", Some("application/json"), "{not  json");
         assert_eq!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn json_that_is_not_utf8_is_its_raw_bytes() {
+        let parts = parts("POST", "/x", Some("application/json"));
+        let of = |body: &'static [u8]| {
+            DefaultFingerprint::default().fingerprint(&parts, &Bytes::from_static(body))
+        };
+        assert_eq!(canonical_bytes(b"{\"a\": \"\xff\"}"), None);
+        assert_eq!(
+            canonical_bytes(b"{\"a\": \"\xc3\xa9\"}").as_deref(),
+            Some(&b"{\"a\":\"\xc3\xa9\"}"[..])
+        );
+        assert_ne!(of(b"{\"a\": \"\xff\"}"), of(b"{\"a\":\"\xff\"}"));
+        assert_eq!(of(b"{\"a\": \"\xc3\xa9\"}"), of(b"{\"a\":\"\xc3\xa9\"}"));
     }
 
     #[test]
