@@ -94,7 +94,7 @@ impl Durations {
     }
 
     /// When a duplicate should come back, for an attempt on `key` and `path` whose lease has
-    /// `lease_remaining` left.
+    /// `lease_remaining` left: whole seconds.
     pub(crate) fn retry_after(
         &self,
         policy: RetryAfter,
@@ -119,7 +119,10 @@ impl Durations {
                 typical.saturating_sub(elapsed)
             }
         };
-        wanted.min(lease_remaining).max(Duration::from_secs(1))
+        // Whole seconds, as the header carries them: rounded up, but not past the lease left
+        // (rounded down, since a second more would pass it), and at least 1.
+        let up = crate::error::retry_after_secs(wanted);
+        Duration::from_secs(up.min(lease_remaining.as_secs()).max(1))
     }
 }
 
@@ -160,18 +163,12 @@ mod tests {
             durations.finished(&key(1), "/a", start);
         }
         let estimate = durations.retry_after(RetryAfter::Estimate, &key(2), "/a", lease);
-        assert!(
-            estimate > Duration::from_millis(7900) && estimate <= Duration::from_secs(8),
-            "{estimate:?}"
-        );
+        assert_eq!(estimate, Duration::from_secs(8));
         // The same attempt running for 5 s here: about 3 s left.
         durations.started(key(3));
         tokio::time::advance(Duration::from_secs(5)).await;
         let left = durations.retry_after(RetryAfter::Estimate, &key(3), "/a", lease);
-        assert!(
-            left > Duration::from_millis(2900) && left <= Duration::from_secs(3),
-            "{left:?}"
-        );
+        assert_eq!(left, Duration::from_secs(3));
         // Never beyond the lease left, never under 1 s.
         assert_eq!(
             durations.retry_after(RetryAfter::Estimate, &key(2), "/a", Duration::from_secs(2)),
@@ -201,6 +198,24 @@ mod tests {
             durations.retry_after(fixed, &key(1), "/", Duration::from_secs(3)),
             Duration::from_secs(3)
         );
+    }
+
+    #[test]
+    fn whole_seconds_never_pass_the_lease_left() {
+        let durations = Durations::default();
+        let after = |fixed: u64, lease_left: u64| {
+            let fixed = RetryAfter::Fixed(Duration::from_millis(fixed));
+            durations.retry_after(fixed, &key(1), "/", Duration::from_millis(lease_left))
+        };
+        // Rounded up while that stays inside the lease left.
+        assert_eq!(after(1_200, 30_000), Duration::from_secs(2));
+        assert_eq!(after(2_000, 30_000), Duration::from_secs(2));
+        // A second more would pass the lease left: rounded down.
+        assert_eq!(after(1_200, 1_500), Duration::from_secs(1));
+        assert_eq!(after(60_000, 29_300), Duration::from_secs(29));
+        // At least 1, even with less than a second of lease left.
+        assert_eq!(after(5_000, 400), Duration::from_secs(1));
+        assert_eq!(after(0, 30_000), Duration::from_secs(1));
     }
 
     #[test]
