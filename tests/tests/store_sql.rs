@@ -9,8 +9,8 @@ use std::{
 };
 
 use tower_idempotency::store::{
-    mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, ClaimOutcome, Fenced, Hold,
-    Store, StoreError, StoredResponse, TransactionalStore,
+    mysql::MySqlStore, postgres::PostgresStore, sqlite::SqliteStore, Batching, ClaimOutcome,
+    Fenced, Hold, Store, StoreError, StoredResponse, TransactionalStore,
 };
 use tower_idempotency_tests::{
     contract::{
@@ -32,6 +32,8 @@ trait Backend: TransactionalStore + Clone + Sized {
         store.run_migrations().await.expect("migrate");
         store
     }
+    /// A store on this one's database with `batching`.
+    fn batched(&self, batching: Batching) -> Self;
     /// Whether a table of that name exists.
     async fn table_exists(&self, name: &str) -> bool;
     /// The store's own `migrate`.
@@ -49,6 +51,10 @@ macro_rules! backend {
 
             async fn unmigrated($connections: u32) -> Self {
                 $store::new($pool)
+            }
+
+            fn batched(&self, batching: Batching) -> Self {
+                $store::with_batching(self.pool().clone(), batching)
             }
 
             async fn table_exists(&self, name: &str) -> bool {
@@ -185,6 +191,26 @@ async fn wait_for_change_is_bounded_by_its_timeout<B: Backend>() {
     assert!(waited < Duration::from_secs(3), "{waited:?}");
 }
 
+/// "Never" and "unlimited" written as the largest values are taken as the longest and largest
+/// the store can use, not panics when the store is built or first used.
+async fn settings_at_their_largest_are_bounded<B: Backend>() {
+    let settings = Batching::default()
+        .pipeline(usize::MAX)
+        .max_batch(usize::MAX)
+        .queue(usize::MAX)
+        .timeout(Duration::MAX);
+    let store = B::fresh(4).await.batched(settings);
+    let claim = claim_of(random_key(), "a", LONG, DAY);
+    assert_eq!(store.claim(&claim).await.unwrap(), claimed(false));
+    // Nothing changes the running record: the wait goes on (it would panic at once if its
+    // deadline overflowed).
+    let wait = store.wait_for_change(&claim.key, Duration::MAX);
+    let waited = tokio::time::timeout(Duration::from_millis(200), wait).await;
+    assert!(waited.is_err(), "the wait for no change ended");
+    let completed = store.complete(&claim.hold(), &response()).await.unwrap();
+    assert_eq!(completed, Fenced::Applied);
+}
+
 async fn migrate_twice_uses_its_own_tracking_table<B: Backend>() {
     let store = B::fresh(4).await; // migrated once already
     store.run_migrations().await.expect("second migrate");
@@ -246,6 +272,7 @@ macro_rules! suite {
                 complete_in_with_a_stale_token_is_lost,
                 wait_for_change_wakes_on_complete_and_release,
                 wait_for_change_is_bounded_by_its_timeout,
+                settings_at_their_largest_are_bounded,
                 migrate_twice_uses_its_own_tracking_table,
                 concurrent_first_migrations_succeed,
             );

@@ -19,7 +19,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use crate::store::{bounded, Store};
+use crate::store::{bounded, record::LONGEST, Store};
 
 /// Records deleted per statement by default: small enough that each delete holds its locks
 /// briefly, large enough to clear a backlog quickly.
@@ -85,7 +85,7 @@ impl Sweeper {
     }
 
     fn start<St: Store>(store: Arc<St>, every: Duration, batch: u32, stats: bool) -> Self {
-        let every = every.max(Duration::from_millis(1));
+        let every = every.clamp(Duration::from_millis(1), LONGEST);
         let batch = batch.max(1);
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(every);

@@ -134,10 +134,10 @@ impl Record {
             fingerprint: claim.fingerprint,
             token: claim.token,
             state: State::Running {
-                lease_until: now + claim.lease,
+                lease_until: now + claim.lease.min(LONGEST),
             },
             claimed_at: now,
-            expires_at: now + claim.ttl,
+            expires_at: now + claim.ttl.min(LONGEST),
             changed: None,
         }
     }
@@ -153,7 +153,7 @@ impl Record {
                 lease_remaining: *lease_until - now,
             },
             State::Running { .. } => {
-                let lease_until = now + claim.lease;
+                let lease_until = now + claim.lease.min(LONGEST);
                 self.token = claim.token;
                 self.state = State::Running { lease_until };
                 // The new holder is live: the record does not expire before its lease, as
@@ -449,6 +449,22 @@ mod tests {
             HeaderMap::new(),
             Bytes::from_static(b"ok"),
         )
+    }
+
+    /// A claim made by hand (its fields are public) with the largest lease and retention is
+    /// held as long as the longest the store keeps anything, not a panic.
+    #[tokio::test]
+    async fn a_claim_for_ever_is_held_for_the_longest() {
+        let store = MemoryStore::new();
+        let mut forever = claim("forever", b"", 0, 0);
+        forever.lease = Duration::MAX;
+        forever.ttl = Duration::MAX;
+        let claimed = store.claim(&forever).await.unwrap();
+        assert_eq!(claimed, ClaimOutcome::Claimed { taken_over: false });
+        let again = store.claim(&forever).await.unwrap();
+        assert!(
+            matches!(again, ClaimOutcome::InFlight { lease_remaining } if lease_remaining > LONGEST / 2)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -53,7 +53,7 @@ mod sql;
 #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) mod writers;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
-pub use sql::batch::{BatchStats, Batching, DEFAULT_BATCH_TIMEOUT};
+pub use sql::batch::{BatchStats, Batching, DEFAULT_BATCH_TIMEOUT, MAX_PIPELINE};
 #[cfg(feature = "mysql")]
 pub use sql::mysql;
 #[cfg(feature = "postgres")]

@@ -47,7 +47,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::store::{
     error::{StoreError, StoreErrorKind},
-    record::{Claim, ClaimOutcome},
+    record::{Claim, ClaimOutcome, LONGEST},
     waiters::lock,
 };
 
@@ -88,6 +88,10 @@ impl Default for Batching {
 /// waits for its answers any more.
 pub const DEFAULT_BATCH_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The most batches [`Batching::pipeline`] lets into the database at once: far more than any
+/// pool has connections.
+pub const MAX_PIPELINE: usize = 1024;
+
 impl Batching {
     /// At most `size` operations share one statement (at least 1; 1 turns batching off, each
     /// operation still going through the queue).
@@ -96,10 +100,11 @@ impl Batching {
         self
     }
 
-    /// At most `batches` batches are in the database at once (at least 1). More than the pool's
-    /// connections only makes batches wait for a connection.
+    /// At most `batches` batches are in the database at once (at least 1, at most
+    /// [`MAX_PIPELINE`]). More than the pool's connections only makes batches wait for a
+    /// connection.
     pub fn pipeline(mut self, batches: usize) -> Self {
-        self.pipeline = batches.max(1);
+        self.pipeline = batches.clamp(1, MAX_PIPELINE);
         self
     }
 
@@ -120,7 +125,7 @@ impl Batching {
     /// holds up the queue for at most this long. A claim of such a batch that did commit is
     /// held by nobody until its lease passes.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.timeout = timeout.clamp(Duration::from_millis(1), LONGEST);
         self
     }
 

@@ -8,7 +8,9 @@ pub(super) use crate::{
     key::KeyHash,
     store::{
         error::StoreError,
-        record::{Claim, ClaimOutcome, Fenced, Hold, RecordInfo, StoreStats, StoredResponse},
+        record::{
+            Claim, ClaimOutcome, Fenced, Hold, RecordInfo, StoreStats, StoredResponse, LONGEST,
+        },
         sql::{
             self,
             batch::{Batcher, Batching, Counters},

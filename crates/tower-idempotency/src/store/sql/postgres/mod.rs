@@ -325,7 +325,7 @@ impl Store for PostgresStore {
     }
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + timeout.min(LONGEST);
         // Lazy, like any future: the listener starts only once the waiter is registered, so no
         // notification slips between.
         let watch = self.inner.watch(key, deadline);

@@ -359,7 +359,7 @@ impl Store for SqliteStore {
     }
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + timeout.min(LONGEST);
         // Nothing to watch: changes are announced in this process only (see `sql::announce`).
         sql::wait_for_change(&self.inner.waiters, key, deadline, async { true }).await;
     }
