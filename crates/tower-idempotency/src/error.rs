@@ -98,8 +98,10 @@ pub enum Rejection {
         /// When to retry.
         retry_after: Duration,
     },
-    /// 503: the idempotency store holds as many records as it may (a
-    /// [`MemoryStore`](crate::store::MemoryStore) at its capacity), so the handler was not called.
+    /// 503: the idempotency store is at a limit of its own: it holds as many records as it may
+    /// (a [`MemoryStore`](crate::store::MemoryStore) at its capacity), or a SQL store's queue
+    /// of claims is full (`Batching::queue`). The handler was
+    /// not called.
     StoreFull {
         /// When to retry.
         retry_after: Duration,
@@ -189,7 +191,7 @@ impl Rejection {
                 "the request was processed, but the database connection broke while its result was being committed, so whether it took effect is unknown; retry with the same key after {secs} s: the retry returns the result if it took effect, or processes the request once if it did not (do not retry with a new key)"
             ),
             Rejection::StoreFull { .. } => format!(
-                "the request was not processed because the idempotency store is full; retry with the same key after {secs} s (records free as they expire)"
+                "the request was not processed because the idempotency store is at its limit (it holds as many records as it may, or more requests are waiting for it than it queues); retry with the same key after {secs} s"
             ),
             Rejection::StoreFailed => "the request was not processed because the idempotency store answered with an error; the cause is in the server's log; retrying will not help until it is fixed".to_owned(),
         }

@@ -131,8 +131,7 @@ pub(crate) fn saved_headers(headers: &HeaderMap) -> HeaderMap {
     saved
 }
 
-/// `true` for every status except those that mean "not processed, try again":
-/// 408, 425, 429 and 503.
+/// `true` for the statuses that mean "not processed, try again": 408, 425, 429 and 503.
 pub(crate) fn is_retryable_status(status: StatusCode) -> bool {
     matches!(status.as_u16(), 408 | 425 | 429 | 503)
 }

@@ -263,7 +263,9 @@ impl<St: TransactionalStore> Mode<St> for Transactional {
         }
     }
 
-    /// The work was rolled back with the save: the client gets 409 (fenced out) or 503.
+    /// The work was rolled back with the save, or for a commit cut on its way may have landed
+    /// (`CommitUnconfirmed`, decided in `service/unsaved.rs`): the client gets 409 (fenced out)
+    /// or 503.
     fn unsaved(failure: &SaveFailure<'_>, retry_after: Duration) -> Option<Rejection> {
         Some(match failure {
             SaveFailure::FencedOut => Rejection::LeaseLost { retry_after },

@@ -29,8 +29,8 @@
 //!
 //! # Group commit
 //!
-//! Concurrent requests share statements and commits: claims and saves wait in one bounded queue,
-//! and one statement runs everything that queued while the previous batch was in the database:
+//! Concurrent requests share statements and commits: claims and saves wait in one queue (bounded
+//! for new claims; what follows a claim is never refused), and one statement runs everything that queued while the previous batch was in the database:
 //! the saves as an `UPDATE .. FROM unnest(..)`, each row checked against its own fencing token,
 //! and the claims as an `INSERT .. SELECT .. FROM unnest(..) ON CONFLICT .. RETURNING`, each
 //! request answered its own outcome; one commit for all of them. Releases and renewals likewise
