@@ -226,10 +226,11 @@ impl RequestRecord {
             "http.response.status_code" = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        // A span no subscriber wants still writes `log` records on every enter, exit and record
-        // when `tracing`'s `log` feature is on (sqlx turns it on): a few hundred instructions a
-        // request for lines nobody reads. `log` users keep the request's events, not its span.
-        let span = if span.is_disabled() {
+        // A span the subscriber does not want still costs its `log` fallback checks on every
+        // enter, exit and record when `tracing`'s `log` feature is on (sqlx turns it on). With a
+        // subscriber set that fallback never writes, so the span is dropped for none; without
+        // one, `log` may be all the application reads, and the span stays.
+        let span = if span.is_disabled() && tracing::dispatcher::has_been_set() {
             tracing::Span::none()
         } else {
             span
