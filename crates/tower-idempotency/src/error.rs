@@ -100,8 +100,7 @@ pub enum Rejection {
     },
     /// 503: the idempotency store is at a limit of its own: it holds as many records as it may
     /// (a [`MemoryStore`](crate::store::MemoryStore) at its capacity), or a SQL store's queue
-    /// of claims is full (`Batching::queue`). The handler was
-    /// not called.
+    /// of claims is full (`Batching::queue`). The handler was not called.
     StoreFull {
         /// When to retry.
         retry_after: Duration,

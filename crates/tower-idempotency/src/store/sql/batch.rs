@@ -120,11 +120,10 @@ impl Batching {
     }
 
     /// A batch still running after `timeout` (at least 1 ms, at most 100 years) is abandoned
-    /// (default [`DEFAULT_BATCH_TIMEOUT`]):
-    /// each of its operations fails as [`StoreErrorKind::Unavailable`], and its pipeline slot
-    /// goes to the next batch, so a statement that hangs (a connection whose packets are lost)
-    /// holds up the queue for at most this long. A claim of such a batch that did commit is
-    /// held by nobody until its lease passes.
+    /// (default [`DEFAULT_BATCH_TIMEOUT`]): each of its operations fails as
+    /// [`StoreErrorKind::Unavailable`], and its pipeline slot goes to the next batch, so a
+    /// statement that hangs (a connection whose packets are lost) holds up the queue for at most
+    /// this long. A claim of such a batch that did commit is held by nobody until its lease passes.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout.clamp(Duration::from_millis(1), LONGEST);
         self

@@ -30,12 +30,13 @@
 //! # Group commit
 //!
 //! Concurrent requests share statements and commits: claims and saves wait in one queue (bounded
-//! for new claims; what follows a claim is never refused), and one statement runs everything that queued while the previous batch was in the database:
-//! the saves as an `UPDATE .. FROM unnest(..)`, each row checked against its own fencing token,
-//! and the claims as an `INSERT .. SELECT .. FROM unnest(..) ON CONFLICT .. RETURNING`, each
-//! request answered its own outcome; one commit for all of them. Releases and renewals likewise
-//! share one `DELETE .. USING unnest(..)` or `UPDATE .. FROM unnest(..)`. There is no timer: a
-//! lone request finds an empty queue and runs at once.
+//! for new claims; what follows a claim is never refused), and one statement runs everything that
+//! queued while the previous batch was in the database: the saves as an `UPDATE .. FROM
+//! unnest(..)`, each row checked against its own fencing token, and the claims as an `INSERT ..
+//! SELECT .. FROM unnest(..) ON CONFLICT .. RETURNING`, each request answered its own outcome; one
+//! commit for all of them. Releases and renewals likewise share one `DELETE .. USING unnest(..)` or
+//! `UPDATE .. FROM unnest(..)`. There is no timer: a lone request finds an empty queue and runs at
+//! once.
 //! [`Batching`] sets the largest batch, how many batches may be in the database at once and the
 //! queue's bound (a full queue answers [`StoreErrorKind::Full`], 503);
 //! [`PostgresStore::batch_stats`] tells how much was shared. The rules per entry are those of

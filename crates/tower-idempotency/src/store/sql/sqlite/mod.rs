@@ -49,8 +49,8 @@
 //!
 //! The writes of concurrent requests (claims, saves, releases, renewals) share one transaction:
 //! they wait in one queue (bounded for new claims; what follows a claim is never refused), and
-//! one `BEGIN IMMEDIATE .. COMMIT` runs everything that queued
-//! while the previous batch held the write lock. The whole batch is one statement list, sent to
+//! one `BEGIN IMMEDIATE .. COMMIT` runs everything that queued while the previous batch held
+//! the write lock. The whole batch is one statement list, sent to
 //! the connection's thread in one hop (each kind's entries as a JSON array, read with
 //! `json_each`), so the write lock is taken and released inside that hop, never held while a task
 //! waits for the next statement. One journal sync and one hold of the write lock serve the whole
