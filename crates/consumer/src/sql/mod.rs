@@ -510,7 +510,7 @@ where
                 .bind(&*self.name)
                 .bind(event_id)
                 .bind(i64::from(self.max_attempts.get()))
-                .bind(truncate(error))
+                .bind(&*error_text(error))
                 .bind(payload)
                 .fetch_optional(&self.pool)
                 .await?;
@@ -669,13 +669,18 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(crate::time::millis(duration)).unwrap_or(i64::MAX)
 }
 
-fn truncate(error: &str) -> &str {
-    if error.len() <= MAX_ERROR_LEN {
-        return error;
-    }
-    let mut end = MAX_ERROR_LEN;
+/// `error` as a `last_error` every database takes: at most [`MAX_ERROR_LEN`] bytes, and NUL
+/// (which PostgreSQL's `text` refuses, and a work's error can quote from its input) written as
+/// U+FFFD, so that recording the failure cannot fail for what the error says.
+fn error_text(error: &str) -> std::borrow::Cow<'_, str> {
+    let mut end = error.len().min(MAX_ERROR_LEN);
     while !error.is_char_boundary(end) {
         end -= 1;
     }
-    &error[..end]
+    let kept = &error[..end];
+    if kept.contains('\0') {
+        kept.replace('\0', "\u{FFFD}").into()
+    } else {
+        kept.into()
+    }
 }

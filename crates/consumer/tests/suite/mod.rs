@@ -216,6 +216,33 @@ macro_rules! consumer_tests {
             assert_eq!(skipped.expect("parked"), Outcome::Parked { attempts: 2 });
         }
 
+        /// A failure whose message holds a NUL (a work quoting its input) is still counted, and
+        /// parks the event at the maximum: PostgreSQL's `text` refuses the NUL itself.
+        #[tokio::test]
+        async fn a_failure_whose_message_holds_a_nul_is_counted_and_parks() {
+            let (pool, _) = $fresh().await;
+            let ledger_ = || ledger(&pool).with_max_attempts(std::num::NonZeroU32::new(2).expect("2"));
+            for attempt in 1..=2 {
+                let failed = ledger_()
+                    .process_once("evt_1", |_| {
+                        Box::pin(async move {
+                            Err::<i32, _>(sqlx::Error::Protocol("unknown variant `\0`".into()))
+                        })
+                    })
+                    .await;
+                let counted = match attempt {
+                    1 => matches!(failed, Err(Error::Work(_))),
+                    _ => matches!(failed, Err(Error::Parked(_))),
+                };
+                assert!(counted, "attempt {attempt}: {failed:?}");
+            }
+            let parked = ledger(&pool).parked(10).await.expect("list");
+            assert_eq!(parked.len(), 1, "{parked:?}");
+            assert_eq!(parked[0].attempts, 2);
+            let error = parked[0].last_error.as_deref().expect("an error");
+            assert!(error.contains("unknown variant `\u{FFFD}`"), "{error}");
+        }
+
         /// Start a first delivery whose work waits for `go` (then commits if `commit`), and a second
         /// delivery once the first holds the event; return both outcomes.
         async fn overlapping_deliveries(
