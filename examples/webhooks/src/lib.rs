@@ -358,6 +358,14 @@ async fn apply_delivery(
         Ok(Outcome::Duplicate) => "duplicate",
         // Failed too often: acknowledged, kept for a replay (`SqliteConsumer::replay`).
         Ok(_) | Err(Error::Parked(_)) => "parked",
+        // No redelivery mends an id the consumer cannot key by (over 1,024 bytes, a NUL): a
+        // 503 would have the sender retry it for its whole window.
+        Err(err @ (Error::MissingEventId | Error::InvalidEventId)) => {
+            return Err(Problem::invalid_event(format!(
+                "the delivery's id cannot be used to deduplicate it ({err}); send ids of at most \
+                 1,024 bytes without NUL"
+            )))
+        }
         Err(Error::Work(err)) => return Err(Problem::unavailable(&err)),
         Err(err) => return Err(Problem::unavailable(&err)),
     };

@@ -530,6 +530,25 @@ async fn a_signed_body_that_is_not_an_event_is_400() {
     }
 }
 
+/// An id the consumer cannot key by (over 1,024 bytes, a NUL) is a 400 no redelivery mends, not
+/// a 503 the sender would retry for its whole window.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_id_that_cannot_be_a_dedupe_key_is_400() {
+    let (app, pool) = receiver(config()).await;
+    let long = "m".repeat(1_025);
+    let capture = event("evt_1", "payment.captured", "pay_1", 4000);
+    let standard = signed_as(Scheme::Standard, &capture, &long);
+    let with_nul = event("evt_\u{0}", "payment.captured", "pay_1", 4000);
+    let stripe = signed(Scheme::Stripe, &with_nul);
+    for request in [standard, stripe] {
+        let (status, content_type, problem) = send(&app, request).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{problem}");
+        assert_eq!(content_type, "application/problem+json");
+        assert_eq!(problem["type"], "urn:webhooks-example:invalid-event");
+    }
+    assert_eq!(processed_events(&pool).await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn without_a_stripe_secret_there_is_no_stripe_route() {
     let (app, _) = receiver(Config::new(SECRET).expect("a valid secret")).await;
