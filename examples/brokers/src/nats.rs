@@ -96,10 +96,12 @@ pub async fn run(
     Ok(())
 }
 
-/// The body's `id`, else the `Nats-Msg-Id` the producer set: a body that is not an event still
-/// has an id to count its failures by, and is parked, not dropped.
+/// The body's `id` (when it is not empty), else the `Nats-Msg-Id` the producer set: a body that
+/// is not an event still has an id to count its failures by, and is parked, not dropped.
 pub fn event_id_or_msg_id(body: &[u8], headers: Option<&HeaderMap>) -> Option<String> {
-    event_id(body).or_else(|| Some(headers?.get(NATS_MESSAGE_ID)?.as_str().to_owned()))
+    event_id(body)
+        .filter(|id| !id.is_empty())
+        .or_else(|| Some(headers?.get(NATS_MESSAGE_ID)?.as_str().to_owned()))
 }
 
 #[cfg(test)]
@@ -119,6 +121,11 @@ mod tests {
             event_id_or_msg_id(b"not an event", Some(&headers)).as_deref(),
             Some("msg-7"),
             "a body that is not an event is counted and parked by its message id"
+        );
+        assert_eq!(
+            event_id_or_msg_id(br#"{"id":""}"#, Some(&headers)).as_deref(),
+            Some("msg-7"),
+            "an empty id in the body is no id"
         );
         assert_eq!(event_id_or_msg_id(b"not an event", None), None);
         assert_eq!(
