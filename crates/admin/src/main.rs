@@ -432,17 +432,28 @@ fn print_record(hash: &KeyHash, record: &RecordInfo, body: bool) {
     if let Some(response) = &record.response {
         println!("status     {}", response.status.as_u16());
         for (name, value) in &response.headers {
-            println!(
-                "header     {name}: {}",
-                String::from_utf8_lossy(value.as_bytes())
-            );
+            println!("header     {name}: {}", printable(value.as_bytes()));
         }
         println!("body       {} bytes", response.body.len());
         if body {
             println!();
-            println!("{}", String::from_utf8_lossy(&response.body));
+            println!("{}", printable(&response.body));
         }
     }
+}
+
+/// Saved bytes as text for the operator's terminal: a saved answer can echo what a client sent,
+/// so control characters (an escape sequence would drive the terminal) are written escaped, as
+/// `\u{1b}`; line breaks and tabs stay.
+fn printable(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .map(|c| match c {
+            '\n' | '\t' => c.to_string(),
+            c if c.is_control() => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 fn human(d: Duration) -> String {
@@ -464,4 +475,13 @@ fn chain(err: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn saved_bytes_print_without_driving_the_terminal() {
+        let saved = b"a\x1b[2Jb\n\tc\xc2\x9b\x07";
+        assert_eq!(super::printable(saved), "a\\u{1b}[2Jb\n\tc\\u{9b}\\u{7}");
+    }
 }
