@@ -42,7 +42,7 @@ pub async fn run(
     let ledger = migrate(&pool).await?;
     let client = async_nats::connect(&settings.nats_url)
         .await
-        .map_err(|err| format!("cannot reach NATS at NATS_URL={}: {err}", settings.nats_url))?;
+        .map_err(|err| format!("cannot reach NATS at NATS_URL: {err}"))?;
     let stream = jetstream::new(client)
         .get_stream(&settings.stream)
         .await

@@ -54,7 +54,7 @@ pub async fn run_from_env() -> Result<(), Box<dyn std::error::Error>> {
     let settings = Settings::from_env()?;
     let pool = PgPool::connect(&database_url)
         .await
-        .map_err(|err| format!("cannot reach DATABASE_URL={database_url}: {err}"))?;
+        .map_err(|err| format!("cannot reach DATABASE_URL: {err}"))?;
     run(pool, settings, shutdown_signal()).await
 }
 
@@ -67,7 +67,7 @@ pub async fn open_queue(
 ) -> Result<(Connection, Channel), Box<dyn std::error::Error + Send + Sync>> {
     let connection = Connection::connect(amqp_url, ConnectionProperties::default())
         .await
-        .map_err(|err| format!("cannot reach RabbitMQ at AMQP_URL={amqp_url}: {err}"))?;
+        .map_err(|err| format!("cannot reach RabbitMQ at AMQP_URL: {err}"))?;
     let channel = connection.create_channel().await?;
     channel
         .queue_declare(

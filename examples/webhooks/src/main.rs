@@ -70,7 +70,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     let pool = webhooks_example::connect(&url)
         .await
-        .map_err(|err| format!("cannot open DATABASE_URL={url}: {err}"))?;
+        .map_err(|err| format!("cannot open DATABASE_URL: {err}"))?;
     webhooks_example::migrate(&pool).await?;
     let listener = tokio::net::TcpListener::bind(&bind)
         .await

@@ -38,6 +38,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let pool = sqlx::PgPool::connect(&database_url)
         .await
-        .map_err(|err| format!("cannot reach DATABASE_URL={database_url}: {err}"))?;
+        .map_err(|err| format!("cannot reach DATABASE_URL: {err}"))?;
     nats::run(pool, settings, shutdown_signal()).await
 }

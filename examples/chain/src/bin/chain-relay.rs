@@ -29,6 +29,6 @@ async fn run() -> Result<(), order_chain::BoxError> {
     let settings = relay::Settings::from_env()?;
     let pool = sqlx::PgPool::connect(&database_url)
         .await
-        .map_err(|err| format!("cannot reach DATABASE_URL={database_url}: {err}"))?;
+        .map_err(|err| format!("cannot reach DATABASE_URL: {err}"))?;
     relay::run(pool, settings, shutdown_signal()).await
 }
