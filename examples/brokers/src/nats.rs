@@ -64,13 +64,22 @@ pub async fn run(
 
     let mut in_hand = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    // A failed stream ends the loop, not the messages in hand: they finish and are acked before
+    // the error is returned.
+    let mut failed = None;
     loop {
         let message = tokio::select! {
             () = &mut shutdown => break,
             message = messages.next() => message,
         };
-        let Some(message) = message else { break };
-        let message = message?;
+        let message = match message {
+            None => break,
+            Some(Err(err)) => {
+                failed = Some(err);
+                break;
+            }
+            Some(Ok(message)) => message,
+        };
         let ledger = ledger.clone();
         in_hand.spawn(async move {
             let body = message.payload.to_vec();
@@ -93,7 +102,10 @@ pub async fn run(
         "stopping: finishing the messages in hand"
     );
     while in_hand.join_next().await.is_some() {}
-    Ok(())
+    match failed {
+        Some(err) => Err(err.into()),
+        None => Ok(()),
+    }
 }
 
 /// The body's `id` (when it is not empty), else the `Nats-Msg-Id` the producer set: a body that

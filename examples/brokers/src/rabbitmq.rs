@@ -106,13 +106,22 @@ pub async fn run(
 
     let mut in_hand = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
+    // A failed stream (the connection closed) ends the loop, not the deliveries in hand: they
+    // finish and are acked before the error is returned.
+    let mut failed = None;
     loop {
         let delivery = tokio::select! {
             () = &mut shutdown => break,
             delivery = deliveries.next() => delivery,
         };
-        let Some(delivery) = delivery else { break };
-        let delivery = delivery?;
+        let delivery = match delivery {
+            None => break,
+            Some(Err(err)) => {
+                failed = Some(err);
+                break;
+            }
+            Some(Ok(delivery)) => delivery,
+        };
         let consumer = consumer.clone();
         in_hand.spawn(async move {
             let body = delivery.data.clone();
@@ -134,6 +143,9 @@ pub async fn run(
         "stopping: finishing the deliveries in hand"
     );
     while in_hand.join_next().await.is_some() {}
+    if let Some(err) = failed {
+        return Err(err.into());
+    }
     connection.close(200, "shutting down".into()).await?;
     Ok(())
 }
