@@ -107,6 +107,18 @@ pub fn report(event_id: &str, result: &Result<Outcome<()>, Error<sqlx::Error>>, 
     let _ = out.flush();
 }
 
+/// The next delivery of a broker's stream, or `None` when the stream ended or failed, its
+/// failure kept in `failed`: the loop stops taking deliveries, and those in hand still finish.
+pub fn next_delivery<T, E>(item: Option<Result<T, E>>, failed: &mut Option<E>) -> Option<T> {
+    match item? {
+        Ok(delivery) => Some(delivery),
+        Err(err) => {
+            *failed = Some(err);
+            None
+        }
+    }
+}
+
 /// The environment variable `name`, or an error that names it.
 pub fn env(name: &str) -> Result<String, String> {
     std::env::var(name).map_err(|_| format!("{name} is not set"))
@@ -167,5 +179,24 @@ pub async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_delivery;
+
+    #[test]
+    fn a_failed_stream_stops_the_loop_and_keeps_its_error() {
+        let mut failed = None;
+        assert_eq!(next_delivery(Some(Ok::<_, &str>(7)), &mut failed), Some(7));
+        assert_eq!(failed, None);
+        assert_eq!(next_delivery(None::<Result<i32, &str>>, &mut failed), None);
+        assert_eq!(failed, None, "an ended stream is no failure");
+        assert_eq!(
+            next_delivery(Some(Err::<i32, _>("closed")), &mut failed),
+            None
+        );
+        assert_eq!(failed, Some("closed"));
     }
 }

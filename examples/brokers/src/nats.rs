@@ -11,7 +11,7 @@ use tower_idempotency_consumer::nats::{
     async_nats::{self, header::NATS_MESSAGE_ID, jetstream, HeaderMap},
 };
 
-use crate::{apply, event_id, migrate, report};
+use crate::{apply, event_id, migrate, next_delivery, report};
 
 /// Where the consumer reads from.
 #[derive(Debug, Clone)]
@@ -72,13 +72,8 @@ pub async fn run(
             () = &mut shutdown => break,
             message = messages.next() => message,
         };
-        let message = match message {
-            None => break,
-            Some(Err(err)) => {
-                failed = Some(err);
-                break;
-            }
-            Some(Ok(message)) => message,
+        let Some(message) = next_delivery(message, &mut failed) else {
+            break;
         };
         let ledger = ledger.clone();
         in_hand.spawn(async move {

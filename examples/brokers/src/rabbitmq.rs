@@ -14,7 +14,7 @@ use tower_idempotency_consumer::rabbitmq::{
     },
 };
 
-use crate::{apply, env, migrate, report, shutdown_signal};
+use crate::{apply, env, migrate, next_delivery, report, shutdown_signal};
 
 /// Where the consumer reads from.
 #[derive(Debug, Clone)]
@@ -114,13 +114,8 @@ pub async fn run(
             () = &mut shutdown => break,
             delivery = deliveries.next() => delivery,
         };
-        let delivery = match delivery {
-            None => break,
-            Some(Err(err)) => {
-                failed = Some(err);
-                break;
-            }
-            Some(Ok(delivery)) => delivery,
+        let Some(delivery) = next_delivery(delivery, &mut failed) else {
+            break;
         };
         let consumer = consumer.clone();
         in_hand.spawn(async move {
