@@ -93,8 +93,7 @@ impl<St: Store> Lease<St> {
     async fn commit_did_not_land(&self) -> Result<&'static str, String> {
         let limit = self.config.store_timeout;
         if self.leased {
-            let release = bounded("the release", limit, self.store.release(&self.hold));
-            return match observe::timed(self.store.name(), "release", release).await {
+            return match self.release_hold().await {
                 Ok(Fenced::Applied) => Ok("the key released"),
                 Ok(Fenced::Lost) => {
                     Err("the record is no longer running under this attempt".to_owned())
@@ -121,6 +120,13 @@ impl<St: Store> Lease<St> {
         self.release(why).await;
     }
 
+    /// The store's token-checked release of this attempt's key, bounded and timed.
+    async fn release_hold(&self) -> Result<Fenced, StoreError> {
+        let release = self.store.release(&self.hold);
+        let release = bounded("the release", self.config.store_timeout, release);
+        observe::timed(self.store.name(), "release", release).await
+    }
+
     pub(super) async fn release(&self, why: &str) {
         if !self.leased {
             // The claim was made in the rolled-back transaction: it is gone with it.
@@ -130,9 +136,7 @@ impl<St: Store> Lease<St> {
             );
             return;
         }
-        let release = self.store.release(&self.hold);
-        let release = bounded("the release", self.config.store_timeout, release);
-        match observe::timed(self.store.name(), "release", release).await {
+        match self.release_hold().await {
             Ok(Fenced::Applied) => self
                 .record
                 .finish(Outcome::Released, &format_args!("key released: {why}")),

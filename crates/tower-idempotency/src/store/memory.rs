@@ -127,6 +127,12 @@ struct Record {
     changed: Option<Arc<Notify>>,
 }
 
+/// `span` after `now`, `span` taken as at most [`LONGEST`]: a lease or retention of "for ever"
+/// (a `Claim`'s fields are public) is not an overflow.
+fn later(now: Instant, span: Duration) -> Instant {
+    now + span.min(LONGEST)
+}
+
 impl Record {
     /// A running record for `claim`, claimed at `now`.
     fn claimed(claim: &Claim, now: Instant) -> Self {
@@ -134,10 +140,10 @@ impl Record {
             fingerprint: claim.fingerprint,
             token: claim.token,
             state: State::Running {
-                lease_until: now + claim.lease.min(LONGEST),
+                lease_until: later(now, claim.lease),
             },
             claimed_at: now,
-            expires_at: now + claim.ttl.min(LONGEST),
+            expires_at: later(now, claim.ttl),
             changed: None,
         }
     }
@@ -153,7 +159,7 @@ impl Record {
                 lease_remaining: *lease_until - now,
             },
             State::Running { .. } => {
-                let lease_until = now + claim.lease.min(LONGEST);
+                let lease_until = later(now, claim.lease);
                 self.token = claim.token;
                 self.state = State::Running { lease_until };
                 // The new holder is live: the record does not expire before its lease, as
@@ -303,7 +309,7 @@ impl Store for MemoryStore {
                 expires_at,
                 ..
             }) if *held == hold.token && *expires_at > now => {
-                *lease_until = now + lease.min(LONGEST);
+                *lease_until = later(now, lease);
                 // A live holder's record does not expire: its expiry keeps up with the lease.
                 *expires_at = (*expires_at).max(*lease_until);
                 Fenced::Applied

@@ -23,7 +23,7 @@ use crate::{
     key::KeyHash,
     store::{
         error::{StoreError, StoreErrorKind},
-        record::{time, ClaimOutcome, Hold, RecordInfo, StoreStats, StoredResponse},
+        record::{time, ClaimOutcome, Hold, RecordInfo, StoreStats, StoredResponse, LONGEST},
     },
 };
 
@@ -237,6 +237,12 @@ pub(super) mod table;
 
 /// The per-key wake-ups of the SQL stores.
 pub(super) type Waiters = crate::store::waiters::Waiters<KeyHash>;
+
+/// The deadline of a wait of `timeout` from now, `timeout` taken as at most [`LONGEST`] (a
+/// caller's "for ever" is not an overflow).
+pub(super) fn deadline_after(timeout: Duration) -> Instant {
+    Instant::now() + timeout.min(LONGEST)
+}
 
 /// Wait until this process wakes the waiters on `key`, or until `deadline`.
 ///

@@ -8,9 +8,7 @@ pub(super) use crate::{
     key::KeyHash,
     store::{
         error::StoreError,
-        record::{
-            Claim, ClaimOutcome, Fenced, Hold, RecordInfo, StoreStats, StoredResponse, LONGEST,
-        },
+        record::{Claim, ClaimOutcome, Fenced, Hold, RecordInfo, StoreStats, StoredResponse},
         sql::{
             self,
             batch::{Batcher, Batching, Counters},

@@ -115,7 +115,6 @@ use sqlx::{
     pool::PoolConnection,
     Arguments, SqlStr,
 };
-use tokio::time::Instant;
 
 pub use sqlx;
 
@@ -363,7 +362,7 @@ impl Store for MySqlStore {
     }
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
-        let deadline = Instant::now() + timeout.min(LONGEST);
+        let deadline = sql::deadline_after(timeout);
         // Nothing to watch: changes are announced in this process only (see `sql::announce`);
         // across instances the layer's next claim, one poll interval later, sees them.
         sql::wait_for_change(&self.inner.waiters, key, deadline, async { true }).await;

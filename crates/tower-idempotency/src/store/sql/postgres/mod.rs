@@ -124,7 +124,7 @@ use std::{
 };
 
 use sqlx::postgres::{PgConnection, PgPool, Postgres};
-use tokio::{sync::watch, time::Instant};
+use tokio::sync::watch;
 
 pub use sqlx;
 
@@ -326,7 +326,7 @@ impl Store for PostgresStore {
     }
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
-        let deadline = Instant::now() + timeout.min(LONGEST);
+        let deadline = sql::deadline_after(timeout);
         // Lazy, like any future: the listener starts only once the waiter is registered, so no
         // notification slips between.
         let watch = self.inner.watch(key, deadline);

@@ -147,7 +147,6 @@ use std::{sync::Arc, time::Duration};
 
 use futures_util::TryStreamExt;
 use sqlx::sqlite::{Sqlite, SqlitePool};
-use tokio::time::Instant;
 
 pub use sqlx;
 
@@ -360,7 +359,7 @@ impl Store for SqliteStore {
     }
 
     async fn wait_for_change(&self, key: &KeyHash, timeout: Duration) {
-        let deadline = Instant::now() + timeout.min(LONGEST);
+        let deadline = sql::deadline_after(timeout);
         // Nothing to watch: changes are announced in this process only (see `sql::announce`).
         sql::wait_for_change(&self.inner.waiters, key, deadline, async { true }).await;
     }
